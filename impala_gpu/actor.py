@@ -1,0 +1,191 @@
+"""Actor process: step a batch of envs with a local CPU copy of the policy, write unrolls into
+the ring in their final dtype and layout, stamp each with the policy version that produced it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from impala_gpu.config import Config
+from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env, reset_vector_env
+from impala_gpu.models import build_model
+from impala_gpu.params import ParamStore, flat_parameters, load_flat_into
+from impala_gpu.ring import TrajectoryRing
+
+# Columns of the shared per-actor counters tensor [num_actors, NUM_COUNTERS].
+STEPS, IDLE_NS, UNROLLS, HEARTBEAT_NS = range(4)
+NUM_COUNTERS = 4
+
+
+@dataclass
+class ActorHandles:
+    """What the learner hands each actor process (all picklable to spawn children)."""
+
+    ring: TrajectoryRing
+    params: ParamStore
+    counters: Tensor  # [num_actors, NUM_COUNTERS] int64, shared
+    episodes: object  # mp.Queue of (actor_id, [(return, length), ...])
+    stop: object  # mp.Event
+
+
+def bounded_lag_version(global_unroll: int, envs_per_actor: int, batch_size: int, k: int) -> int:
+    """The exact policy version an unroll uses in bounded-lag mode.
+
+    Batches take unrolls in global round-robin order (actor 0's n-th, actor 1's n-th, ...), so
+    unroll ``g`` lands in update ``g * E // B``. Acting with version ``update - k`` makes every
+    sample's lag exactly k (less at the start) and the whole run deterministic.
+    """
+    update = global_unroll * envs_per_actor // batch_size
+    return max(0, update - k)
+
+
+def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles, seed: int) -> None:
+    """Process entry point. Returns when ``handles.stop`` is set or the learner goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner coordinates Ctrl-C shutdown
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    parent = os.getppid()
+    env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
+    try:
+        _run(
+            actor_id,
+            cfg,
+            spec,
+            handles,
+            seed,
+            env,
+            should_stop=lambda: _should_stop(handles, parent),
+        )
+    finally:
+        env.close()
+
+
+def _should_stop(handles: ActorHandles, parent: int) -> bool:
+    return handles.stop.is_set() or os.getppid() != parent
+
+
+def _run(
+    actor_id, cfg: Config, spec: EnvSpec, h: ActorHandles, seed: int, env, should_stop
+) -> None:
+    E, T = cfg.envs_per_actor, cfg.unroll_length
+    ring, counters = h.ring, h.counters
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    model.eval()
+    flat = flat_parameters(model).detach().clone()
+    local_version = h.params.read(flat, should_stop=should_stop)
+    if local_version is None:
+        return
+    load_flat_into(model, flat)
+
+    obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
+    obs = torch.from_numpy(obs_np)
+    reward = torch.zeros(E)
+    terminated = torch.zeros(E, dtype=torch.bool)
+    truncated = torch.zeros(E, dtype=torch.bool)
+    first = torch.ones(E, dtype=torch.bool)
+    core = model.initial_state(E)
+    ep_return = np.zeros(E)
+    ep_length = np.zeros(E, dtype=np.int64)
+    episodic_life = cfg.env.episodic_life and spec.kind == "atari"
+    bounded = cfg.bounded_lag is not None
+    n_unroll = 0
+
+    def act(core_state):
+        with torch.no_grad():
+            out = model(obs.unsqueeze(0), first.unsqueeze(0), core_state)
+        logits = out.logits[0]
+        action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        return action, logits, out.core_state
+
+    action, logits, next_core = act(core)
+    while not should_stop():
+        slots = []
+        t_idle = time.perf_counter_ns()
+        while len(slots) < E:
+            slot = ring.acquire(timeout=0.2)
+            if slot is not None:
+                slots.append(slot)
+            elif should_stop():
+                for s in slots:
+                    ring.release(s)
+                return
+        counters[actor_id, IDLE_NS] += time.perf_counter_ns() - t_idle
+        idx = torch.tensor(slots)
+
+        g = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
+        want = (
+            bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag)
+            if bounded
+            else h.params.version
+        )
+        if want != local_version:
+            got = h.params.read(flat, version=want, should_stop=should_stop)
+            if got is None:
+                for s in slots:
+                    ring.release(s)
+                return
+            load_flat_into(model, flat)
+            local_version = got
+            if bounded and n_unroll > 0:
+                # The carried first step must come from the exact version too (determinism).
+                action, logits, next_core = act(core)
+
+        ring.version[idx] = local_version
+        ring.actor[idx] = actor_id
+        ring.unroll[idx] = g
+        ring.env_index[idx] = torch.arange(E)
+        if core:
+            ring.core_h[idx] = core[0]
+            ring.core_c[idx] = core[1]
+
+        game_overs: list[tuple[float, int]] = []
+        for t in range(T + 1):
+            if t > 0:
+                obs_np, rew_np, term_np, trunc_np, info = env.step(action.numpy())
+                last = terminated | truncated
+                first = last.clone()
+                obs = torch.from_numpy(obs_np)
+                terminated = torch.from_numpy(np.asarray(term_np, dtype=bool))
+                truncated = torch.from_numpy(np.asarray(trunc_np, dtype=bool))
+                raw = np.asarray(rew_np, dtype=np.float64)
+                reward = torch.from_numpy(
+                    np.clip(raw, -1.0, 1.0) if cfg.env.clip_rewards else raw
+                ).float()
+                ep_return[~first.numpy()] += raw[~first.numpy()]
+                ep_length[~first.numpy()] += 1
+                ended = (terminated | truncated).numpy()
+                if episodic_life:
+                    lives = np.asarray(info.get("lives", np.zeros(E)))
+                    ended = truncated.numpy() | (terminated.numpy() & (lives == 0))
+                for j in np.flatnonzero(ended):
+                    game_overs.append((float(ep_return[j]), int(ep_length[j])))
+                    ep_return[j] = 0.0
+                    ep_length[j] = 0
+                core = next_core
+                action, logits, next_core = act(core)
+            ring.obs[idx, t] = obs
+            ring.reward[idx, t] = reward
+            ring.terminated[idx, t] = terminated
+            ring.truncated[idx, t] = truncated
+            ring.first[idx, t] = first
+            ring.action[idx, t] = action
+            ring.logits[idx, t] = logits
+        for s in slots:
+            ring.commit(s)
+        n_unroll += 1
+        counters[actor_id, STEPS] += T * E
+        counters[actor_id, UNROLLS] += 1
+        counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+        if game_overs:
+            try:
+                h.episodes.put_nowait((actor_id, game_overs))
+            except queue.Full:
+                pass

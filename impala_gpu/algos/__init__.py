@@ -1,0 +1,1 @@
+"""Training algorithms sharing envs, models, the ring and logging: impala (async + V-trace)."""

@@ -1,0 +1,231 @@
+"""IMPALA: asynchronous CPU actors, a shared-memory trajectory ring, a V-trace learner.
+
+The whole loop, top to bottom: ``train`` builds the ring, the parameter store and the actors,
+then runs ``learn`` until ``total_frames``; every exit path stops and joins the actors.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from impala_gpu.actor import NUM_COUNTERS, STEPS, ActorHandles, actor_main
+from impala_gpu.config import Config
+from impala_gpu.envs import derive_seeds, env_spec
+from impala_gpu.learner import (
+    STAT_NAMES,
+    Batcher,
+    make_lr_scheduler,
+    make_optimizer,
+    train_step,
+)
+from impala_gpu.logger import MetricsLogger
+from impala_gpu.models import build_model
+from impala_gpu.params import ParamStore
+from impala_gpu.progress import Progress
+from impala_gpu.ring import RingSpec, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.telemetry import Telemetry
+from impala_gpu.validate import resolve_device, resolve_num_slots, validate_config
+
+
+def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train with IMPALA. Returns the last logged metrics."""
+    validate_config(cfg)
+    device = resolve_device(cfg.device)
+    spec = env_spec(cfg.env)
+    torch.manual_seed(cfg.seed)
+    threads = cfg.learner_threads or max(1, (os.cpu_count() or 2) - cfg.num_actors)
+    torch.set_num_threads(threads)
+
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
+    ctx = mp.get_context(cfg.start_method)
+    ring = TrajectoryRing(
+        RingSpec(
+            num_slots=resolve_num_slots(cfg),
+            unroll_length=cfg.unroll_length,
+            obs_shape=spec.obs_shape,
+            obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
+            num_actions=spec.num_actions,
+            lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
+        ),
+        ctx,
+    )
+    bounded = cfg.bounded_lag is not None
+    params = ParamStore.for_model(model, history=(cfg.bounded_lag + 2) if bounded else 1)
+    params.publish(model, version=0)
+    handles = ActorHandles(
+        ring=ring,
+        params=params,
+        counters=torch.zeros(cfg.num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_(),
+        episodes=ctx.Queue(),
+        stop=ctx.Event(),
+    )
+    seeds = derive_seeds(cfg.seed, cfg.num_actors)
+    actors = [
+        ctx.Process(
+            target=actor_main,
+            args=(i, cfg, spec, handles, seeds[i]),
+            name=f"actor-{i}",
+            daemon=True,
+        )
+        for i in range(cfg.num_actors)
+    ]
+    logger = MetricsLogger(run_dir, cfg, sweep)
+    batcher = None
+    try:
+        for p in actors:
+            p.start()
+        batcher = Batcher(
+            ring,
+            cfg.batch_size,
+            device,
+            learner_version=lambda: version,
+            max_policy_lag=cfg.max_policy_lag,
+            ordered_unrolls_per_batch=cfg.batch_size // cfg.envs_per_actor if bounded else 0,
+            envs_per_actor=cfg.envs_per_actor,
+        )
+        version = 0
+        batcher.start()
+        return learn(cfg, model, spec.frames_per_step, batcher, params, handles, actors, logger)
+    finally:
+        handles.stop.set()
+        if batcher is not None:
+            batcher.stop()
+        _join_actors(actors)
+        logger.close()
+        handles.episodes.cancel_join_thread()
+        ring.close()
+
+
+def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger) -> dict[str, Any]:
+    """The train loop: wait for a batch, update, publish, log. Stops at ``total_frames``."""
+    steps_per_update = cfg.batch_size * cfg.unroll_length
+    frames_per_update = steps_per_update * frames_per_step
+    optimizer = make_optimizer(model, cfg.algo)
+    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
+    cuda = batcher.cuda
+    tele = Telemetry(STAT_NAMES, cuda)
+    progress = Progress(cfg.total_frames, enabled=cfg.progress)
+    version, frames = 0, 0
+    last: dict[str, Any] = {}
+    actor_steps_prev = 0
+    idle_prev = np.zeros(cfg.num_actors)
+    last_log = time.perf_counter()
+    try:
+        while frames < cfg.total_frames:
+            t0 = time.perf_counter()
+            got = batcher.get(timeout=1.0)
+            t1 = time.perf_counter()
+            tele.window.wait_s += t1 - t0
+            if got is None:
+                _check_actors(actors)
+                continue
+            k, batch = got
+            if cuda:
+                ev0, ev1 = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                ev0.record()
+            stats = train_step(model, optimizer, batch, cfg.algo)
+            if cuda:
+                ev1.record()
+                tele.window.gpu_events.append((ev0, ev1))
+            stats_np = stats.cpu().numpy()  # the one sync per update
+            tele.window.busy_s += time.perf_counter() - t1
+            lags = (version - batch.versions).numpy()
+            batcher.done(k)
+            scheduler.step()
+            version += 1
+            batcher.learner_version = lambda v=version: v
+            frames += frames_per_update
+            tele.add_update(stats_np, lags, frames_per_update, steps_per_update)
+            if version % cfg.publish_interval == 0:
+                params.publish(model, version)
+
+            now = time.perf_counter()
+            if now - last_log >= cfg.log_interval_s or frames >= cfg.total_frames:
+                last = _log(
+                    cfg,
+                    tele,
+                    logger,
+                    handles,
+                    batcher,
+                    version,
+                    frames,
+                    optimizer,
+                    actor_steps_prev,
+                    idle_prev,
+                )
+                actor_steps_prev = last["actor_steps"]
+                idle_prev = np.asarray(last.pop("_idle_ns"))
+                progress.update(frames, last)
+                last_log = now
+                _check_actors(actors)
+    except KeyboardInterrupt:
+        progress.note("interrupted: stopping actors and freeing shared memory")
+    finally:
+        progress.close()
+    return last
+
+
+def _log(cfg, tele, logger, handles, batcher, version, frames, optimizer, steps_prev, idle_prev):
+    _drain_episodes(handles.episodes, tele)
+    window_s = time.perf_counter() - tele.window.start
+    m, hist = tele.flush()
+    counters = handles.counters.numpy().copy()
+    actor_steps = int(counters[:, STEPS].sum())
+    idle_ns = counters[:, 1].astype(np.float64)
+    m.update(
+        frames=frames,
+        agent_steps=version * cfg.batch_size * cfg.unroll_length,
+        updates=version,
+        actor_steps=actor_steps,
+        actor_steps_per_s=(actor_steps - steps_prev) / max(window_s, 1e-9),
+        actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / max(window_s, 1e-9)),
+        ring_occupancy=batcher.ring.occupancy(),
+        dropped_stale=batcher.dropped_stale,
+        batcher_gather_s=batcher.gather_s,
+        lr=optimizer.param_groups[0]["lr"],
+        time=time.time(),
+    )
+    logger.log(m, hist)
+    m["_idle_ns"] = idle_ns
+    return m
+
+
+def _drain_episodes(episodes, tele: Telemetry) -> None:
+    while True:
+        try:
+            _, eps = episodes.get_nowait()
+        except queue.Empty:
+            return
+        tele.add_episodes(eps)
+
+
+def _check_actors(actors) -> None:
+    dead = [p for p in actors if not p.is_alive()]
+    if dead:
+        desc = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+        raise RuntimeError(f"actor process died: {desc}")
+
+
+def _join_actors(actors, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    for p in actors:
+        if p.pid is not None:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+    for p in actors:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2)

@@ -1,0 +1,116 @@
+"""Structured configs: one dataclass per Hydra group, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` extend these schemas, so a wrong type or an unknown key fails
+with Hydra's own error naming the key (``Key 'lrr' not in 'AlgoCfg'``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class EnvCfg:
+    id: str = MISSING  # gymnasium id, e.g. "ALE/Pong-v5" or "CartPole-v1"
+    frame_skip: int = 4  # Atari: emulator frames per agent step (max-pooled over the last 2)
+    frame_stack: int = 4  # Atari: stacked 84x84 grayscale frames per observation
+    screen_size: int = 84  # Atari: square observation side
+    noop_max: int = 30  # Atari: up to this many no-ops on reset (0 disables)
+    episodic_life: bool = False  # Atari: a life loss ends the training episode (not the game)
+    clip_rewards: bool = True  # clip rewards to [-1, 1] in the learner's data (returns stay raw)
+    repeat_action_probability: float = 0.0  # sticky actions; IMPALA's paper used 0
+    full_action_space: bool = False  # Atari: all 18 actions instead of the minimal set
+    max_episode_frames: int = 108_000  # Atari: truncate after this many emulator frames (30 min)
+    max_episode_steps: int = 0  # classic control: override the registered TimeLimit (0 keeps it)
+    vector_backend: str = "auto"  # auto | ale | gymnasium: who batches an actor's envs
+
+
+@dataclass
+class ModelCfg:
+    name: str = "shallow"  # shallow (Nature CNN) | resnet (IMPALA deep) | mlp
+    hidden_size: int = 256  # width of the torso's final layer (and of the MLP's layers)
+    mlp_layers: int = 2  # mlp only: number of hidden layers
+    use_lstm: bool = False  # add an LSTM core between torso and heads
+    lstm_size: int = 256  # LSTM hidden size
+    channels_last: bool = False  # CNNs: run convolutions in NHWC memory format
+
+
+@dataclass
+class AlgoCfg:
+    name: str = "impala"  # impala (async + V-trace)
+    discount: float = 0.99  # gamma
+    baseline_cost: float = 0.5  # weight of the value loss
+    entropy_cost: float = 0.01  # weight of the entropy bonus
+    clip_rho_threshold: float | None = 1.0  # rho-bar in V-trace (None: no clipping)
+    clip_pg_rho_threshold: float | None = 1.0  # pg rho-bar in V-trace (None: no clipping)
+    vtrace_lambda: float = 1.0  # lambda in the V-trace traces c_s = lambda * min(1, rho_s)
+    correction: bool = True  # False: drop importance weights (ablation: n-step on stale data)
+    reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
+    optimizer: str = "rmsprop"  # rmsprop | adam
+    learning_rate: float = 6e-4  # initial learning rate
+    lr_schedule: str = "linear"  # linear decay to 0 over total_frames | constant
+    rmsprop_alpha: float = 0.99  # RMSprop smoothing constant
+    rmsprop_eps: float = 0.01  # RMSprop epsilon (the paper's 0.01, outside the sqrt in TF)
+    rmsprop_momentum: float = 0.0  # RMSprop momentum
+    adam_eps: float = 1e-8  # Adam epsilon
+    adam_beta1: float = 0.9  # Adam beta1
+    adam_beta2: float = 0.999  # Adam beta2
+    grad_norm_clip: float = 40.0  # clip the global gradient norm to this (0 disables)
+
+
+@dataclass
+class WandbCfg:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "impala_gpu"  # W&B project
+    entity: str | None = None  # W&B entity (team or user); None uses the default
+    group: str | None = None  # W&B group; None derives it from the sweep when there is one
+    job_type: str | None = None  # W&B job type; None derives it from the algo
+    tags: list[str] = field(default_factory=list)  # extra W&B tags
+    init_timeout: float = 30.0  # seconds before an unreachable online init falls back to offline
+
+
+@dataclass
+class Config:
+    env: EnvCfg = field(default_factory=EnvCfg)
+    model: ModelCfg = field(default_factory=ModelCfg)
+    algo: AlgoCfg = field(default_factory=AlgoCfg)
+    wandb: WandbCfg = field(default_factory=WandbCfg)
+
+    total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
+    num_actors: int = 2  # actor processes
+    envs_per_actor: int = 16  # envs each actor steps as one batch
+    unroll_length: int = 20  # T: transitions per trajectory (slots hold T+1 observations)
+    batch_size: int = 32  # B: trajectories per learner update
+    num_slots: int = 0  # trajectory ring slots; 0 = auto (room for every env plus 2 batches)
+    device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
+    seed: int = 0  # run seed; actors and envs derive their own seeds from it
+    publish_interval: int = 1  # publish learner weights to actors every N updates
+    max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
+    bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
+    learner_threads: int = 0  # torch threads in the learner process (0: cores - actors, >= 1)
+    log_interval_s: float = 5.0  # seconds between metric lines
+    progress: bool = True  # live console progress line
+    run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir
+    start_method: str = "spawn"  # multiprocessing start method for actors: spawn | forkserver
+
+
+def register_configs() -> None:
+    """Register the schemas that ``conf/*.yaml`` extend (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="env", name="base_env", node=EnvCfg)
+    cs.store(group="model", name="base_model", node=ModelCfg)
+    cs.store(group="algo", name="base_algo", node=AlgoCfg)
+
+
+def to_container(cfg: Any) -> dict[str, Any]:
+    """Resolved plain-dict view of a config (DictConfig or dataclass)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_config(cfg):
+        cfg = OmegaConf.structured(cfg)
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,195 @@
+"""IMPALA actor-critic loss (policy gradient + baseline + entropy bonus) on V-trace targets.
+
+Tensors are time-major ``[T, B, ...]``. ``valid[t, b] == False`` marks a
+pseudo-transition that must contribute nothing: under gymnasium's NEXT_STEP
+autoreset the step taken from an episode's final observation only produces the
+next episode's reset observation. Such steps are masked by forcing ``rho = c = 0``
+there, which makes the V-trace target at the step equal ``V(x_s)`` exactly; the
+previous step then bootstraps from the value of the final observation (the right
+thing for truncation; for termination its discount is already 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from impala_gpu import vtrace
+
+__all__ = ["LossOutput", "discounts_from_terminated", "impala_loss"]
+
+_REDUCTIONS = ("sum", "mean")
+
+
+@dataclass
+class LossOutput:
+    """Result of :func:`impala_loss`.
+
+    ``total`` carries gradient; every other field is a detached tensor (0-dim unless
+    stated) so logging does not force a device sync. ``pg_loss + baseline_loss +
+    entropy_loss == total`` (all already weighted by their costs and reduced).
+    """
+
+    total: torch.Tensor
+    pg_loss: torch.Tensor
+    baseline_loss: torch.Tensor
+    entropy_loss: torch.Tensor
+    entropy: torch.Tensor
+    """Mean policy entropy per valid step (nats)."""
+    clipped_rho_fraction: torch.Tensor
+    """Fraction of valid steps whose true rho exceeds ``clip_rho_threshold``."""
+    clipped_pg_rho_fraction: torch.Tensor
+    """Fraction of valid steps whose true rho exceeds ``clip_pg_rho_threshold``."""
+    mean_rho: torch.Tensor
+    """Mean true importance ratio pi/mu over valid steps (1.0 when on-policy)."""
+    advantage_mean: torch.Tensor
+    """Mean pg advantage over valid steps."""
+    vs_mean: torch.Tensor
+    """Mean V-trace value target over valid steps."""
+    num_valid: torch.Tensor
+    """Number of valid steps (float)."""
+    vs: torch.Tensor
+    """V-trace value targets, ``[T, B]``."""
+    pg_advantages: torch.Tensor
+    """Policy-gradient advantages, ``[T, B]`` (0 at invalid steps)."""
+
+
+def discounts_from_terminated(terminated_t: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-step discounts ``gamma * (1 - terminated_t)`` as float32 ``[T, B]``.
+
+    Truncation must NOT be passed here: a truncated episode keeps discount ``gamma``
+    and is handled by the ``valid`` mask of :func:`impala_loss`.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    return gamma * (~terminated_t.bool()).float()
+
+
+def _masked_sum(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    # torch.where (not a multiply) so NaN/inf in masked-out slots cannot leak through.
+    return torch.where(valid, x, torch.zeros_like(x)).sum()
+
+
+def impala_loss(
+    target_logits_t: torch.Tensor,
+    values_t: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+    reduction: str = "sum",
+    correction: bool = True,
+) -> LossOutput:
+    """IMPALA loss with V-trace targets.
+
+    Args:
+        target_logits_t: Learner policy logits ``[T, B, A]`` (with gradient).
+        values_t: Learner values ``V(x_t)`` ``[T, B]`` (with gradient).
+        bootstrap_value: ``V(x_T)`` ``[B]``; used as a constant (no gradient).
+        behavior_logits: Actor policy logits ``[T, B, A]``.
+        actions: Actions taken ``[T, B]`` int.
+        rewards: ``[T, B]``.
+        discounts: ``gamma * (1 - terminated_t)`` ``[T, B]``.
+        valid: ``[T, B]`` bool (or 0/1 integer); False = pseudo-transition to ignore.
+        baseline_cost: Weight of ``0.5 * (vs - V)^2``.
+        entropy_cost: Weight of the entropy bonus.
+        clip_rho_threshold, clip_pg_rho_threshold, lambda_: V-trace parameters.
+        reduction: ``"sum"`` over time and batch (paper / TorchBeast default) or
+            ``"mean"`` (each sum divided by the number of valid steps, at least 1).
+        correction: If False, ablate importance weighting: ``rho = 1`` at every valid
+            step, i.e. plain n-step / lambda-returns on possibly stale data.
+
+    Returns:
+        :class:`LossOutput`.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if behavior_logits.shape != target_logits_t.shape:
+        raise ValueError(
+            "behavior_logits and target_logits_t must have the same shape, got "
+            f"{tuple(behavior_logits.shape)} and {tuple(target_logits_t.shape)}"
+        )
+    if valid.shape != values_t.shape:
+        raise ValueError(
+            f"valid.shape {tuple(valid.shape)} must equal values_t.shape {tuple(values_t.shape)}"
+        )
+    if valid.is_floating_point():
+        raise TypeError(f"valid must be a bool (or integer) mask, got dtype {valid.dtype}")
+    valid = valid.bool()
+
+    target_action_log_probs = vtrace.action_log_probs(target_logits_t, actions)
+    with torch.no_grad():
+        behavior_action_log_probs = vtrace.action_log_probs(behavior_logits.detach(), actions)
+        true_log_rhos = target_action_log_probs.detach() - behavior_action_log_probs
+        log_rhos = true_log_rhos if correction else torch.zeros_like(true_log_rhos)
+        # rho = c = 0 at invalid steps zeroes their delta and cuts the trace there; where()
+        # keeps NaN from garbage logits at those steps out of exp().
+        log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
+
+    vs, pg_advantages = vtrace.from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values_t,
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        lambda_=lambda_,
+    )
+
+    values_f = values_t.float()
+    pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
+    baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)
+
+    log_policy = F.log_softmax(target_logits_t.float(), dim=-1)
+    # Clamping keeps p * log p finite (0, not NaN) for actions masked with -inf logits.
+    log_policy_finite = log_policy.clamp(min=torch.finfo(log_policy.dtype).min)
+    entropy_t = -(log_policy.exp() * log_policy_finite).sum(dim=-1)
+    entropy_sum = _masked_sum(entropy_t, valid)
+
+    num_valid = valid.sum().float()
+    denom = num_valid.clamp(min=1.0)
+    scale = denom if reduction == "mean" else torch.ones_like(denom)
+
+    pg_loss = pg_sum / scale
+    baseline_loss = baseline_cost * baseline_sum / scale
+    entropy_loss = -entropy_cost * entropy_sum / scale
+    total = pg_loss + baseline_loss + entropy_loss
+
+    with torch.no_grad():
+        # Diagnostics use the true ratios even when correction=False, to show staleness.
+        rhos = torch.exp(true_log_rhos)
+
+        def _valid_mean(x: torch.Tensor) -> torch.Tensor:
+            return _masked_sum(x, valid) / denom
+
+        def _clipped_fraction(threshold: float | None) -> torch.Tensor:
+            if threshold is None:
+                return torch.zeros((), device=rhos.device)
+            return _valid_mean((rhos > threshold).float())
+
+        return LossOutput(
+            total=total,
+            pg_loss=pg_loss.detach(),
+            baseline_loss=baseline_loss.detach(),
+            entropy_loss=entropy_loss.detach(),
+            entropy=entropy_sum.detach() / denom,
+            clipped_rho_fraction=_clipped_fraction(clip_rho_threshold),
+            clipped_pg_rho_fraction=_clipped_fraction(clip_pg_rho_threshold),
+            mean_rho=_valid_mean(rhos),
+            advantage_mean=_valid_mean(pg_advantages),
+            vs_mean=_valid_mean(vs),
+            num_valid=num_valid,
+            vs=vs,
+            pg_advantages=pg_advantages,
+        )

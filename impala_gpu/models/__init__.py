@@ -1,0 +1,181 @@
+"""Policy networks. One interface for all of them::
+
+    out = policy(obs_t, first_t, core_state)   # time-major
+    out.logits [T, B, A], out.value [T, B], out.core_state (same structure as core_state)
+
+``obs_t`` may be uint8 (Atari frames): the model scales it to [0, 1] itself, on its own device,
+so nobody upstream converts anything. ``first_t`` [T, B] bool marks the first observation of an
+episode; the LSTM core (when enabled) resets its state there.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from impala_gpu.config import ModelCfg
+
+CoreState = tuple[Tensor, ...]  # () without LSTM; (h, c), each [B, lstm_size], with it
+MODEL_NAMES = ("auto", "shallow", "resnet", "mlp")
+
+
+class PolicyOutput(NamedTuple):
+    logits: Tensor  # [T, B, A]
+    value: Tensor  # [T, B]
+    core_state: CoreState
+
+
+class NatureTorso(nn.Module):
+    """Mnih et al. 2015 CNN: 32x8x8/4, 64x4x4/2, 64x3x3/1, then FC."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int):
+        super().__init__()
+        c, h, w = obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+        )
+        with torch.no_grad():
+            n_flat = self.convs(torch.zeros(1, c, h, w)).numel()
+        self.fc = nn.Sequential(nn.Linear(n_flat, hidden_size), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.convs(x).flatten(1))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.conv0(torch.relu(x))
+        y = self.conv1(torch.relu(y))
+        return x + y
+
+
+class ImpalaTorso(nn.Module):
+    """Espeholt et al. 2018 deep net: per section conv3x3, maxpool3x3/2, 2 residual blocks."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int, channels=(16, 32, 32)):
+        super().__init__()
+        c, h, w = obs_shape
+        layers: list[nn.Module] = []
+        for out_c in channels:
+            layers += [
+                nn.Conv2d(c, out_c, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                ResidualBlock(out_c),
+                ResidualBlock(out_c),
+            ]
+            c = out_c
+        layers.append(nn.ReLU())
+        self.sections = nn.Sequential(*layers)
+        with torch.no_grad():
+            n_flat = self.sections(torch.zeros(1, *obs_shape)).numel()
+        self.fc = nn.Sequential(nn.Linear(n_flat, hidden_size), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.sections(x).flatten(1))
+
+
+class MLPTorso(nn.Module):
+    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int, num_layers: int):
+        super().__init__()
+        n_in = int(torch.tensor(obs_shape).prod())
+        layers: list[nn.Module] = []
+        for _ in range(num_layers):
+            layers += [nn.Linear(n_in, hidden_size), nn.Tanh()]
+            n_in = hidden_size
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x.flatten(1))
+
+
+class Policy(nn.Module):
+    """Torso -> optional LSTM core -> policy logits and value heads."""
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, cfg: ModelCfg):
+        super().__init__()
+        name = resolve_model_name(cfg.name, obs_shape)
+        self.obs_shape = tuple(obs_shape)
+        self.num_actions = num_actions
+        self.is_image = len(obs_shape) == 3
+        self.channels_last = cfg.channels_last and self.is_image
+        if name == "shallow":
+            self.torso: nn.Module = NatureTorso(obs_shape, cfg.hidden_size)
+        elif name == "resnet":
+            self.torso = ImpalaTorso(obs_shape, cfg.hidden_size)
+        else:
+            self.torso = MLPTorso(obs_shape, cfg.hidden_size, cfg.mlp_layers)
+        core_in = cfg.hidden_size
+        self.lstm = nn.LSTM(core_in, cfg.lstm_size) if cfg.use_lstm else None
+        head_in = cfg.lstm_size if cfg.use_lstm else core_in
+        self.policy_head = nn.Linear(head_in, num_actions)
+        self.value_head = nn.Linear(head_in, 1)
+        if self.channels_last:
+            self.to(memory_format=torch.channels_last)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> CoreState:
+        if self.lstm is None:
+            return ()
+        z = torch.zeros(batch_size, self.lstm.hidden_size, device=device)
+        return (z, z.clone())
+
+    def forward(self, obs: Tensor, first: Tensor, core_state: CoreState = ()) -> PolicyOutput:
+        """obs [T, B, *obs_shape] uint8 or float; first [T, B] bool; core_state as initial_state."""
+        if obs.shape[2:] != self.obs_shape:
+            raise ValueError(f"obs shape {tuple(obs.shape)} does not end in {self.obs_shape}")
+        T, B = obs.shape[:2]
+        x = obs.reshape(T * B, *self.obs_shape)
+        if x.dtype == torch.uint8:
+            x = x.float().mul_(1.0 / 255.0)
+        else:
+            x = x.float()
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        features = self.torso(x)
+        if self.lstm is not None:
+            if len(core_state) != 2:
+                raise ValueError("this model has an LSTM core: pass core_state=(h, c)")
+            h, c = core_state
+            keep = (~first).to(features.dtype).unsqueeze(-1)  # [T, B, 1]
+            seq = features.view(T, B, -1)
+            outs = []
+            for t in range(T):
+                # A new episode starts from a zero state, also in the middle of an unroll.
+                h, c = h * keep[t], c * keep[t]
+                out, (h1, c1) = self.lstm(seq[t].unsqueeze(0), (h.unsqueeze(0), c.unsqueeze(0)))
+                h, c = h1.squeeze(0), c1.squeeze(0)
+                outs.append(out.squeeze(0))
+            features = torch.stack(outs).view(T * B, -1)
+            core_state = (h, c)
+        logits = self.policy_head(features).view(T, B, self.num_actions)
+        value = self.value_head(features).view(T, B)
+        return PolicyOutput(logits, value, core_state)
+
+
+def resolve_model_name(name: str, obs_shape: tuple[int, ...]) -> str:
+    if name not in MODEL_NAMES:
+        raise ValueError(f"model.name={name!r} is not one of {MODEL_NAMES} (try model=shallow).")
+    is_image = len(obs_shape) == 3
+    if name == "auto":
+        return "shallow" if is_image else "mlp"
+    if name in ("shallow", "resnet") and not is_image:
+        raise ValueError(
+            f"model={name} needs image observations [C, H, W], but this env's are {obs_shape}. "
+            "Fix: use model=mlp (or model=auto)."
+        )
+    return name
+
+
+def build_model(obs_shape: tuple[int, ...], num_actions: int, cfg: ModelCfg) -> Policy:
+    return Policy(obs_shape, num_actions, cfg)

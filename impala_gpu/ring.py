@@ -1,0 +1,143 @@
+"""Shared-memory trajectory ring.
+
+One preallocated shared tensor per field, shaped ``[num_slots, T+1, ...]``. A slot holds one
+env's unroll of T transitions (T+1 observations: the last one is the first of the next unroll,
+so the learner can bootstrap). Slot *indices* travel between processes through a free queue
+and a full queue; trajectories never go through a pipe.
+
+Per index t of a slot (dm_env / TorchBeast convention, "what the env said at t, what the agent
+did at t"):
+
+=============  =========================  ====================================================
+field          dtype, shape               meaning
+=============  =========================  ====================================================
+obs            env dtype, [*obs_shape]    observation o_t (uint8 frames for Atari)
+reward         float32                    reward received on arriving at o_t (clipped if asked)
+terminated     bool                       o_t is a terminal state (its value is 0)
+truncated      bool                       o_t is the true final obs of a time-limited episode
+first          bool                       o_t starts an episode (LSTM state resets here)
+action         int64                      a_t, the action taken at o_t
+logits         float32, [A]               the behaviour policy's logits at o_t
+=============  =========================  ====================================================
+
+plus, per slot: ``version`` (the behaviour policy's version, int64), ``actor``, ``unroll`` and
+``env_index`` (who wrote it, which of its unrolls, which of its envs) and, with an LSTM,
+``core_h``/``core_c`` [lstm] (the core state before o_0).
+
+Because every vector env here autoresets on the NEXT step, a truncated episode's final
+observation is stored like any other observation; the learner bootstraps from its value and
+masks the following pseudo-transition (final obs -> reset obs).
+
+Lifetime: tensors are created with ``share_memory_()`` under torch's ``file_descriptor``
+strategy, which unlinks each segment from ``/dev/shm`` right after creating it. The memory lives
+exactly as long as some process holds it, so no exit path, not even SIGKILL, can leak a segment.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+STEP_FIELDS = ("obs", "reward", "terminated", "truncated", "first", "action", "logits")
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    num_slots: int
+    unroll_length: int  # T
+    obs_shape: tuple[int, ...]
+    obs_dtype: torch.dtype
+    num_actions: int
+    lstm_size: int = 0  # 0: no core state stored
+
+    def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        s, t1 = self.num_slots, self.unroll_length + 1
+        shapes = {
+            "obs": ((s, t1, *self.obs_shape), self.obs_dtype),
+            "reward": ((s, t1), torch.float32),
+            "terminated": ((s, t1), torch.bool),
+            "truncated": ((s, t1), torch.bool),
+            "first": ((s, t1), torch.bool),
+            "action": ((s, t1), torch.int64),
+            "logits": ((s, t1, self.num_actions), torch.float32),
+            "version": ((s,), torch.int64),
+            "actor": ((s,), torch.int64),
+            "unroll": ((s,), torch.int64),
+            "env_index": ((s,), torch.int64),
+        }
+        if self.lstm_size:
+            shapes["core_h"] = ((s, self.lstm_size), torch.float32)
+            shapes["core_c"] = ((s, self.lstm_size), torch.float32)
+        return shapes
+
+    def nbytes(self) -> int:
+        return sum(
+            int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+            for shape, dt in self.field_shapes().values()
+        )
+
+
+def numpy_to_torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
+
+
+class TrajectoryRing:
+    """The ring's tensors and its two index queues. Picklable to spawn/forkserver children."""
+
+    def __init__(self, spec: RingSpec, ctx: mp.context.BaseContext | None = None):
+        ctx = ctx or mp.get_context("spawn")
+        self.spec = spec
+        self.fields: dict[str, Tensor] = {
+            name: torch.zeros(shape, dtype=dt).share_memory_()
+            for name, (shape, dt) in spec.field_shapes().items()
+        }
+        self.free_queue = ctx.Queue()
+        self.full_queue = ctx.Queue()
+        for slot in range(spec.num_slots):
+            self.free_queue.put(slot)
+
+    def __getattr__(self, name: str) -> Tensor:
+        fields = self.__dict__.get("fields")
+        if fields is not None and name in fields:
+            return fields[name]
+        raise AttributeError(name)
+
+    def acquire(self, timeout: float | None = None) -> int | None:
+        """A free slot index, or None after ``timeout`` seconds."""
+        try:
+            return self.free_queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def release(self, slot: int) -> None:
+        """Give a slot back to the producers."""
+        self.free_queue.put(slot)
+
+    def commit(self, slot: int) -> None:
+        """Hand a written slot to the learner."""
+        self.full_queue.put(slot)
+
+    def take(self, timeout: float | None = None) -> int | None:
+        """A full slot index, or None after ``timeout`` seconds."""
+        try:
+            return self.full_queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def occupancy(self) -> float:
+        """Fraction of slots full and waiting for the learner (approximate, from qsize)."""
+        try:
+            return self.full_queue.qsize() / self.spec.num_slots
+        except NotImplementedError:  # macOS
+            return float("nan")
+
+    def close(self) -> None:
+        """Drop the queues' feeder threads so the owner can exit promptly."""
+        for q in (self.free_queue, self.full_queue):
+            q.cancel_join_thread()
+            q.close()

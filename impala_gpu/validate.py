@@ -1,0 +1,87 @@
+"""Up-front checks: every impossible config fails before any process starts, naming the key
+and the fix."""
+
+from __future__ import annotations
+
+import torch
+
+from impala_gpu.config import Config
+from impala_gpu.envs import resolve_vector_backend, validate_env_id
+from impala_gpu.models import MODEL_NAMES
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the fix."""
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto``: cuda when present, else cpu. ``cuda`` without CUDA is an error, not a fallback."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        _require(
+            torch.cuda.is_available(),
+            f"device={device} but CUDA is not available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda}). Fix: device=auto or device=cpu, or install "
+            "a CUDA build of torch.",
+        )
+        return torch.device(device)
+    _require(device == "cpu", f"device={device!r} is not one of auto, cpu, cuda, cuda:N.")
+    return torch.device("cpu")
+
+
+def min_num_slots(cfg: Config) -> int:
+    """Fewest slots that cannot deadlock: a batch being collected plus one unroll per actor."""
+    return cfg.batch_size + cfg.num_actors * cfg.envs_per_actor
+
+
+def resolve_num_slots(cfg: Config) -> int:
+    if cfg.num_slots:
+        return cfg.num_slots
+    ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2
+    # Room for every env to run one unroll ahead while batches are assembled.
+    return ahead * cfg.batch_size + 2 * cfg.num_actors * cfg.envs_per_actor
+
+
+def validate_config(cfg: Config) -> None:
+    validate_env_id(cfg.env.id)
+    resolve_vector_backend(cfg.env)
+    for key in ("num_actors", "envs_per_actor", "unroll_length", "batch_size", "total_frames"):
+        v = getattr(cfg, key)
+        _require(v > 0, f"{key}={v} must be positive. Fix: {key}=<a positive integer>.")
+    _require(cfg.publish_interval > 0, f"publish_interval={cfg.publish_interval} must be >= 1.")
+    _require(cfg.max_policy_lag >= 0, f"max_policy_lag={cfg.max_policy_lag} must be >= 0 (0: off).")
+    _require(
+        cfg.model.name in MODEL_NAMES, f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}."
+    )
+    if cfg.num_slots:
+        need = min_num_slots(cfg)
+        _require(
+            cfg.num_slots >= need,
+            f"num_slots={cfg.num_slots} cannot hold batch_size={cfg.batch_size} plus one unroll "
+            f"per env ({cfg.num_actors} actors x {cfg.envs_per_actor} envs): that needs "
+            f">= {need}. Fix: num_slots=0 (auto) or num_slots>={need}, or lower batch_size.",
+        )
+    if cfg.bounded_lag is not None:
+        _require(cfg.bounded_lag >= 0, f"bounded_lag={cfg.bounded_lag} must be >= 0 or null (off).")
+        _require(
+            cfg.batch_size % cfg.envs_per_actor == 0,
+            f"bounded_lag needs batch_size ({cfg.batch_size}) to be a multiple of envs_per_actor "
+            f"({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: batch_size="
+            f"{max(1, cfg.batch_size // cfg.envs_per_actor) * cfg.envs_per_actor}.",
+        )
+        _require(
+            cfg.max_policy_lag == 0,
+            "bounded_lag and max_policy_lag can't be combined: bounded lag never produces stale "
+            "data to drop. Fix: max_policy_lag=0.",
+        )
+    _require(
+        cfg.start_method in ("spawn", "forkserver"),
+        f"start_method={cfg.start_method!r}: use spawn or forkserver.",
+    )
+    resolve_device(cfg.device)
