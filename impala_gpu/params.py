@@ -40,8 +40,10 @@ class ParamStore:
 
     def publish(self, model: nn.Module, version: int) -> None:
         """Write ``model``'s weights as ``version`` (learner side; one writer)."""
+        self.publish_flat(flat_parameters(model).detach(), version)
+
+    def publish_flat(self, flat: Tensor, version: int) -> None:
         k = version % self.history
-        flat = flat_parameters(model).detach()
         self.seq[k] += 1  # odd: writing
         self.flat[k].copy_(flat)  # synchronous, also from CUDA
         self.ver[k] = version

@@ -93,7 +93,9 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         )
         version = 0
         batcher.start()
-        return learn(cfg, model, spec.frames_per_step, batcher, params, handles, actors, logger)
+        last = learn(cfg, model, spec.frames_per_step, batcher, params, handles, actors, logger)
+        save_weights(model, Path(run_dir) / "model.pt")
+        return last
     finally:
         handles.stop.set()
         if batcher is not None:
@@ -102,6 +104,13 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         logger.close()
         handles.episodes.cancel_join_thread()
         ring.close()
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """Atomic write (temp file, then rename): a crash never leaves a half-written file."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    os.replace(tmp, path)
 
 
 def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger) -> dict[str, Any]:
