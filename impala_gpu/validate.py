@@ -41,6 +41,13 @@ def min_num_slots(cfg: Config) -> int:
 
 
 def resolve_num_slots(cfg: Config) -> int:
+    algo = cfg.algo
+    for key, value, allowed in (
+        ("algo.optimizer", algo.optimizer, ("rmsprop", "adam")),
+        ("algo.lr_schedule", algo.lr_schedule, ("linear", "constant")),
+        ("algo.reduction", algo.reduction, ("sum", "mean")),
+    ):
+        _require(value in allowed, f"{key}={value!r} is not one of {allowed}.")
     if cfg.num_slots:
         return cfg.num_slots
     ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2
@@ -59,6 +66,13 @@ def validate_config(cfg: Config) -> None:
     _require(
         cfg.model.name in MODEL_NAMES, f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}."
     )
+    algo = cfg.algo
+    for key, value, allowed in (
+        ("algo.optimizer", algo.optimizer, ("rmsprop", "adam")),
+        ("algo.lr_schedule", algo.lr_schedule, ("linear", "constant")),
+        ("algo.reduction", algo.reduction, ("sum", "mean")),
+    ):
+        _require(value in allowed, f"{key}={value!r} is not one of {allowed}.")
     if cfg.num_slots:
         need = min_num_slots(cfg)
         _require(

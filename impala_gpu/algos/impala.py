@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from impala_gpu.actor import NUM_COUNTERS, STEPS, ActorHandles, actor_main
+from impala_gpu.actor import IDLE_NS, NUM_COUNTERS, STEPS, ActorHandles, actor_main
 from impala_gpu.config import Config
 from impala_gpu.envs import derive_seeds, env_spec
 from impala_gpu.learner import (
@@ -113,22 +114,31 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class _Progress:
+    """Counters the train loop carries between updates and log lines."""
+
+    start: float = field(default_factory=time.perf_counter)
+    version: int = 0
+    frames: int = 0
+    actor_steps: int = 0
+    actor_idle_ns: np.ndarray | None = None
+
+
 def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger) -> dict[str, Any]:
-    """The train loop: wait for a batch, update, publish, log. Stops at ``total_frames``."""
+    """The train loop: wait for a batch, update, publish, log. Stops at ``total_frames``
+    (or ``max_seconds``)."""
     steps_per_update = cfg.batch_size * cfg.unroll_length
     frames_per_update = steps_per_update * frames_per_step
     optimizer = make_optimizer(model, cfg.algo)
     scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
-    cuda = batcher.cuda
-    tele = Telemetry(STAT_NAMES, cuda)
-    progress = Progress(cfg.total_frames, enabled=cfg.progress)
-    version, frames = 0, 0
-    last: dict[str, Any] = {}
-    actor_steps_prev = 0
-    idle_prev = np.zeros(cfg.num_actors)
-    last_log = time.perf_counter()
+    tele = Telemetry(STAT_NAMES, batcher.cuda)
+    bar = Progress(cfg.total_frames, enabled=cfg.progress)
+    st = _Progress()
+    deadline = st.start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
+    last_log, last = st.start, {}
     try:
-        while frames < cfg.total_frames:
+        while st.frames < cfg.total_frames and time.perf_counter() < deadline:
             t0 = time.perf_counter()
             got = batcher.get(timeout=1.0)
             t1 = time.perf_counter()
@@ -137,76 +147,76 @@ def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger)
                 _check_actors(actors)
                 continue
             k, batch = got
-            if cuda:
-                ev0, ev1 = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
-                ev0.record()
+            timer = _GpuTimer() if batcher.cuda else None
             stats = train_step(model, optimizer, batch, cfg.algo)
-            if cuda:
-                ev1.record()
-                tele.window.gpu_events.append((ev0, ev1))
-            stats_np = stats.cpu().numpy()  # the one sync per update
+            if timer is not None:
+                tele.window.gpu_events.append(timer.stop())
+            stats_np = stats.cpu().numpy()  # the one host-device sync per update
             tele.window.busy_s += time.perf_counter() - t1
-            lags = (version - batch.versions).numpy()
+            lags = (st.version - batch.versions).numpy()
             batcher.done(k)
             scheduler.step()
-            version += 1
-            batcher.learner_version = lambda v=version: v
-            frames += frames_per_update
+            st.version += 1
+            batcher.learner_version = lambda v=st.version: v
+            st.frames += frames_per_update
             tele.add_update(stats_np, lags, frames_per_update, steps_per_update)
-            if version % cfg.publish_interval == 0:
-                params.publish(model, version)
+            if st.version % cfg.publish_interval == 0:
+                params.publish(model, st.version)
 
             now = time.perf_counter()
-            if now - last_log >= cfg.log_interval_s or frames >= cfg.total_frames:
-                last = _log(
-                    cfg,
-                    tele,
-                    logger,
-                    handles,
-                    batcher,
-                    version,
-                    frames,
-                    optimizer,
-                    actor_steps_prev,
-                    idle_prev,
-                )
-                actor_steps_prev = last["actor_steps"]
-                idle_prev = np.asarray(last.pop("_idle_ns"))
-                progress.update(frames, last)
+            if (
+                now - last_log >= cfg.log_interval_s
+                or st.frames >= cfg.total_frames
+                or now >= deadline
+            ):
+                last = _log(cfg, st, tele, logger, handles, batcher, optimizer)
+                bar.update(st.frames, last)
                 last_log = now
                 _check_actors(actors)
     except KeyboardInterrupt:
-        progress.note("interrupted: stopping actors and freeing shared memory")
+        bar.note("interrupted: stopping actors and freeing shared memory")
     finally:
-        progress.close()
+        bar.close()
     return last
 
 
-def _log(cfg, tele, logger, handles, batcher, version, frames, optimizer, steps_prev, idle_prev):
+class _GpuTimer:
+    """CUDA events around one train step: the GPU's own busy time, read at log time."""
+
+    def __init__(self):
+        self.begin = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.begin.record()
+
+    def stop(self):
+        self.end.record()
+        return self.begin, self.end
+
+
+def _log(cfg, st: _Progress, tele, logger, handles, batcher, optimizer) -> dict[str, Any]:
     _drain_episodes(handles.episodes, tele)
-    window_s = time.perf_counter() - tele.window.start
+    window_s = max(time.perf_counter() - tele.window.start, 1e-9)
     m, hist = tele.flush()
     counters = handles.counters.numpy().copy()
     actor_steps = int(counters[:, STEPS].sum())
-    idle_ns = counters[:, 1].astype(np.float64)
+    idle_ns = counters[:, IDLE_NS].astype(np.float64)
+    idle_prev = st.actor_idle_ns if st.actor_idle_ns is not None else np.zeros_like(idle_ns)
     m.update(
-        frames=frames,
-        agent_steps=version * cfg.batch_size * cfg.unroll_length,
-        updates=version,
+        frames=st.frames,
+        agent_steps=st.version * cfg.batch_size * cfg.unroll_length,
+        updates=st.version,
+        elapsed_s=time.perf_counter() - st.start,
         actor_steps=actor_steps,
-        actor_steps_per_s=(actor_steps - steps_prev) / max(window_s, 1e-9),
-        actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / max(window_s, 1e-9)),
+        actor_steps_per_s=(actor_steps - st.actor_steps) / window_s,
+        actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / window_s),
         ring_occupancy=batcher.ring.occupancy(),
         dropped_stale=batcher.dropped_stale,
         batcher_gather_s=batcher.gather_s,
         lr=optimizer.param_groups[0]["lr"],
         time=time.time(),
     )
+    st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
     logger.log(m, hist)
-    m["_idle_ns"] = idle_ns
     return m
 
 

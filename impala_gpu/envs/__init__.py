@@ -9,7 +9,6 @@ to bootstrap truncated episodes from the real final observation.
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -74,9 +73,14 @@ def validate_env_id(env_id: str) -> str:
 
 
 def ale_game_name(env_id: str) -> str:
-    """``ALE/MontezumaRevenge-v5`` -> ``montezuma_revenge``: the ROM name of ale-py's vector env."""
-    name = env_id.removeprefix("ALE/").removesuffix("-v5").removesuffix("NoFrameskip-v4")
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """``ALE/MontezumaRevenge-v5`` -> ``montezuma_revenge``: the ROM name of ale-py's vector env.
+
+    Read from the gymnasium registration (CamelCase does not invert: ``TicTacToe3D``)."""
+    _register_ale()
+    game = gym.spec(env_id).kwargs.get("game")
+    if game is None:
+        raise ValueError(f"env.id={env_id!r} is not an ALE game.")
+    return game
 
 
 def make_env(cfg: EnvCfg, seed: int | None = None, render_mode: str | None = None) -> gym.Env:

@@ -1,0 +1,58 @@
+"""Shared bits of the benchmark scripts: machine description, JSON output, medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "date": time.strftime("%Y-%m-%d"),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+    try:
+        info["git"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def write_result(name: str, result: dict[str, Any], out_dir: str | Path = "bench_out") -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2))
+    return path
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def steady_windows(metrics: list[dict[str, Any]], skip: int = 1) -> list[dict[str, Any]]:
+    """Log windows after the warm-up ones (and without the short final one)."""
+    body = metrics[skip:-1] if len(metrics) > skip + 1 else metrics[-1:]
+    return body

@@ -1,0 +1,185 @@
+"""The seed's experiment: does the data path cost the learner anything?
+
+Runs the same learner (model, V-trace loss, optimizer, threads) two ways, alternating:
+- synthetic: one batch already on the device, reused every update (the upper bound);
+- ring: batches come from the real shared-memory ring through the batcher thread, with feeder
+  processes refilling slots as fast as memory allows (so the feed keeps up, and what is left
+  is the data path's own cost: queues, gathering, copies, freeing slots).
+Reports the update-rate ratio ring/synthetic and the ring run's busy/wait/overhead split.
+
+    python benchmarks/learner_overhead.py                      # Pong, shallow, T=20, B=32
+    python benchmarks/learner_overhead.py --model resnet --updates 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median, write_result  # noqa: E402
+
+from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg  # noqa: E402
+from impala_gpu.envs import env_spec  # noqa: E402
+from impala_gpu.learner import Batch, Batcher, make_optimizer, train_step  # noqa: E402
+from impala_gpu.models import build_model  # noqa: E402
+from impala_gpu.ring import STEP_FIELDS, RingSpec, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
+from impala_gpu.validate import resolve_device  # noqa: E402
+
+
+def random_slot(ring: TrajectoryRing, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in ring.fields.items():
+        like = t[0]
+        if like.dtype == torch.uint8:
+            out[name] = torch.randint(0, 256, like.shape, generator=g, dtype=torch.uint8)
+        elif like.dtype == torch.bool:
+            out[name] = torch.rand(like.shape, generator=g) < 0.01
+        elif like.dtype == torch.int64:
+            out[name] = torch.randint(0, ring.spec.num_actions, like.shape, generator=g)
+        else:
+            out[name] = torch.randn(like.shape, generator=g)
+    out["version"].zero_()
+    return out
+
+
+def feed(ring: TrajectoryRing, stop, seed: int) -> None:
+    """A feeder: refill free slots with a fixed trajectory (a memcpy per field)."""
+    torch.set_num_threads(1)
+    data = random_slot(ring, seed)
+    while not stop.is_set():
+        slot = ring.acquire(timeout=0.1)
+        if slot is None:
+            continue
+        for name, t in ring.fields.items():
+            t[slot].copy_(data[name])
+        ring.commit(slot)
+
+
+def synthetic_batch(ring: TrajectoryRing, B: int, device: torch.device) -> Batch:
+    slot = random_slot(ring, 0)
+    fields = {
+        n: slot[n].unsqueeze(1).expand(-1, B, *slot[n].shape[1:]).contiguous().to(device)
+        for n in STEP_FIELDS
+    }
+    return Batch(**fields, versions=torch.zeros(B, dtype=torch.int64))
+
+
+def run_synthetic(model, opt, algo, batch, updates: int) -> float:
+    for _ in range(2):  # warm-up
+        train_step(model, opt, batch, algo).cpu()
+    t0 = time.perf_counter()
+    for _ in range(updates):
+        train_step(model, opt, batch, algo).cpu()
+    return updates / (time.perf_counter() - t0)
+
+
+def run_ring(model, opt, algo, batcher: Batcher, updates: int) -> dict[str, float]:
+    for _ in range(2):  # warm-up
+        k, b = batcher.get()
+        train_step(model, opt, b, algo).cpu()
+        batcher.done(k)
+    busy = wait = 0.0
+    start = time.perf_counter()
+    for _ in range(updates):
+        t0 = time.perf_counter()
+        k, b = batcher.get()
+        t1 = time.perf_counter()
+        train_step(model, opt, b, algo).cpu()
+        t2 = time.perf_counter()
+        batcher.done(k)
+        busy += t2 - t1
+        wait += t1 - t0
+    wall = time.perf_counter() - start
+    return {
+        "updates_per_s": updates / wall,
+        "busy": busy / wall,
+        "wait": wait / wall,
+        "overhead": 1 - busy / wall - wait / wall,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--env", default="ALE/Pong-v5")
+    ap.add_argument("--model", default="shallow")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--unroll-length", type=int, default=20)
+    ap.add_argument("--updates", type=int, default=20, help="timed updates per repetition")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--feeders", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--out", default="bench_out")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    spec = env_spec(EnvCfg(id=args.env))
+    mcfg = ModelCfg(name=args.model, channels_last=args.channels_last)
+    algo = AlgoCfg()
+    model = build_model(spec.obs_shape, spec.num_actions, mcfg).to(device)
+    opt = make_optimizer(model, algo)
+    ctx = mp.get_context("spawn")
+    B, T = args.batch_size, args.unroll_length
+    ring = TrajectoryRing(
+        RingSpec(4 * B, T, spec.obs_shape, numpy_to_torch_dtype(spec.obs_dtype), spec.num_actions),
+        ctx,
+    )
+    stop = ctx.Event()
+    feeders = [
+        ctx.Process(target=feed, args=(ring, stop, i), daemon=True) for i in range(args.feeders)
+    ]
+    for p in feeders:
+        p.start()
+    batcher = Batcher(ring, B, device, learner_version=lambda: 0)
+    batcher.start()
+    batch = synthetic_batch(ring, B, device)
+    synth, fed = [], []
+    try:
+        for _ in range(args.repeats):
+            synth.append(run_synthetic(model, opt, algo, batch, args.updates))
+            fed.append(run_ring(model, opt, algo, batcher, args.updates))
+    finally:
+        stop.set()
+        batcher.stop()
+        for p in feeders:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        ring.close()
+
+    ratios = [f["updates_per_s"] / s for f, s in zip(fed, synth, strict=True)]
+    result = {
+        "config": vars(args),
+        "device": str(device),
+        "synthetic_updates_per_s": synth,
+        "ring_updates_per_s": [f["updates_per_s"] for f in fed],
+        "ratio_per_repeat": ratios,
+        "ratio_median": median(ratios),
+        "ring_busy_median": median([f["busy"] for f in fed]),
+        "ring_wait_median": median([f["wait"] for f in fed]),
+        "ring_overhead_median": median([f["overhead"] for f in fed]),
+        "frames_per_update": B * T * spec.frames_per_step,
+    }
+    path = write_result(f"learner_overhead_{args.model}_{device.type}", result, args.out)
+    print(
+        f"learner_overhead {args.model} {device}: ring {median(result['ring_updates_per_s']):.2f} "
+        f"upd/s vs synthetic {median(synth):.2f} upd/s -> ratio {result['ratio_median']:.3f}; "
+        f"busy {result['ring_busy_median']:.1%} wait {result['ring_wait_median']:.1%} "
+        f"overhead {result['ring_overhead_median']:.1%}  ({path})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Tests for the Hydra config tree (conf/ + impala_gpu.config), the CLI and validate_config."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from impala_gpu.cli import CONF_DIR, save_config
+from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg, WandbCfg, register_configs
+from impala_gpu.validate import ConfigError, validate_config
+
+REPO_ROOT = Path(CONF_DIR).parent
+
+TOP_LEVEL_TYPES = {
+    "total_frames": int,
+    "num_actors": int,
+    "envs_per_actor": int,
+    "unroll_length": int,
+    "batch_size": int,
+    "device": str,
+    "seed": int,
+}
+
+
+@pytest.fixture(scope="module")
+def hydra_compose():
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        yield lambda overrides=(): compose(config_name="config", overrides=list(overrides))
+
+
+def _to_config(dcfg) -> Config:
+    cfg = OmegaConf.to_object(dcfg)
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def _exception_chain_text(exc: BaseException) -> str:
+    parts = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- composition
+
+
+@pytest.mark.parametrize(
+    "env,env_id",
+    [("pong", "ALE/Pong-v5"), ("breakout", "ALE/Breakout-v5"), ("cartpole", "CartPole-v1")],
+)
+def test_compose_env_group(hydra_compose, env, env_id):
+    cfg = _to_config(hydra_compose([f"env={env}"]))
+    assert isinstance(cfg.env, EnvCfg)
+    assert cfg.env.id == env_id
+    assert cfg.env.clip_rewards is (env != "cartpole")
+
+
+@pytest.mark.parametrize("model", ["auto", "shallow", "resnet", "mlp"])
+def test_compose_model_group(hydra_compose, model):
+    cfg = _to_config(hydra_compose([f"model={model}"]))
+    assert isinstance(cfg.model, ModelCfg)
+    assert cfg.model.name == model
+    assert cfg.model.hidden_size == (64 if model == "mlp" else 256)
+
+
+def test_compose_algo_group(hydra_compose):
+    cfg = _to_config(hydra_compose(["algo=impala"]))
+    assert isinstance(cfg.algo, AlgoCfg)
+    assert cfg.algo == AlgoCfg(name="impala")
+
+
+def test_compose_default(hydra_compose):
+    cfg = _to_config(hydra_compose())
+    assert cfg.env.id == "ALE/Pong-v5"
+    assert cfg.model.name == "auto"
+    assert cfg.algo.name == "impala"
+    assert isinstance(cfg.wandb, WandbCfg)
+
+
+def _experiment_values(name: str) -> dict:
+    """The keys an experiment file sets (without its defaults list), as a nested dict."""
+    values = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "experiment" / f"{name}.yaml"))
+    values.pop("defaults", None)
+    return values
+
+
+def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
+    for key, value in expected.items():
+        if isinstance(value, dict):
+            _assert_subset(value, actual[key], f"{prefix}{key}.")
+        else:
+            assert actual[key] == pytest.approx(value), f"{prefix}{key}"
+
+
+@pytest.mark.parametrize(
+    "experiment,env_id,model",
+    [("cartpole_impala", "CartPole-v1", "mlp"), ("pong_impala", "ALE/Pong-v5", "shallow")],
+)
+def test_compose_experiment(hydra_compose, experiment, env_id, model):
+    cfg = _to_config(hydra_compose([f"experiment={experiment}"]))
+    assert cfg.env.id == env_id
+    assert cfg.model.name == model
+    # Every value the (@package _global_) experiment file sets lands in the composed config.
+    values = _experiment_values(experiment)
+    assert "total_frames" in values and "batch_size" in values
+    _assert_subset(values, dataclasses.asdict(cfg))
+
+
+def test_experiment_cartpole_overrides_defaults(hydra_compose):
+    default = _to_config(hydra_compose(["env=cartpole", "model=mlp"]))
+    cfg = _to_config(hydra_compose(["experiment=cartpole_impala"]))
+    assert cfg.batch_size != default.batch_size
+    assert cfg.total_frames != default.total_frames
+    assert cfg.algo.optimizer == "adam" != default.algo.optimizer
+    assert cfg.algo.reduction == "mean" != default.algo.reduction
+
+
+def test_command_line_override_beats_experiment(hydra_compose):
+    cfg = _to_config(hydra_compose(["experiment=cartpole_impala", "batch_size=16", "seed=3"]))
+    assert (cfg.batch_size, cfg.seed) == (16, 3)
+
+
+def test_top_level_keys_and_types(hydra_compose):
+    dcfg = hydra_compose()
+    cfg = _to_config(dcfg)
+    for key, typ in TOP_LEVEL_TYPES.items():
+        assert key in dcfg
+        assert type(getattr(cfg, key)) is typ, key
+    assert cfg.device == "auto"
+    assert cfg.wandb.mode == "offline"
+    assert cfg.seed == 0
+    assert cfg.bounded_lag is None
+
+
+# --------------------------------------------------------------------------- bad overrides
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [("algo.lrr=1", "lrr"), ("num_actors=abc", "num_actors"), ("env.idd=x", "idd")],
+)
+def test_bad_override_names_key(hydra_compose, override, key):
+    with pytest.raises(Exception) as info:  # noqa: B017 - Hydra wraps omegaconf's errors
+        hydra_compose([override])
+    assert key in _exception_chain_text(info.value)
+
+
+def test_wrong_type_nested(hydra_compose):
+    with pytest.raises(Exception) as info:  # noqa: B017
+        hydra_compose(["model.use_lstm=maybe"])
+    text = _exception_chain_text(info.value)
+    assert "use_lstm" in text
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", WANDB_MODE="disabled")
+    return subprocess.run(
+        [sys.executable, "-m", "impala_gpu", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_prints_job_config(tmp_path):
+    proc = _run_cli(["--cfg", "job", "env=cartpole"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    for key in TOP_LEVEL_TYPES:
+        assert key in printed, key
+    assert "id: CartPole-v1" in proc.stdout
+    assert printed["env"]["id"] == "CartPole-v1"
+    assert printed["device"] == "auto"
+    assert printed["wandb"]["mode"] == "offline"
+    # --cfg only prints: nothing is run, so no run directory appears.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_bad_override_fails(tmp_path):
+    proc = _run_cli(["--cfg", "job", "algo.lrr=1"], tmp_path)
+    assert proc.returncode != 0
+    assert "lrr" in proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- validate_config
+
+
+def _cartpole_cfg(**kw) -> Config:
+    base = Config(
+        env=EnvCfg(id="CartPole-v1"),
+        model=ModelCfg(name="mlp"),
+        num_actors=2,
+        envs_per_actor=8,
+        batch_size=32,
+        device="cpu",
+    )
+    return dataclasses.replace(base, **kw)
+
+
+def test_validate_accepts_cartpole():
+    validate_config(_cartpole_cfg())
+    validate_config(_cartpole_cfg(num_slots=48))  # exactly batch + actors * envs
+    validate_config(_cartpole_cfg(bounded_lag=1, batch_size=16))
+
+
+def test_validate_accepts_composed_configs(hydra_compose):
+    for overrides in (["experiment=cartpole_impala"], ["experiment=pong_impala"]):
+        validate_config(_to_config(hydra_compose(overrides)))
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        ({"num_actors": 0}, "num_actors"),
+        ({"envs_per_actor": 0}, "envs_per_actor"),
+        ({"unroll_length": 0}, "unroll_length"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"total_frames": -1}, "total_frames"),
+        ({"num_slots": 4}, "num_slots"),
+        ({"num_slots": 47}, "num_slots"),
+        ({"bounded_lag": 1, "batch_size": 12}, "bounded_lag"),
+        ({"bounded_lag": 1, "max_policy_lag": 3}, "max_policy_lag"),
+        ({"publish_interval": 0}, "publish_interval"),
+        ({"start_method": "fork"}, "start_method"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_validate_rejects(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        validate_config(_cartpole_cfg(**overrides))
+    assert key in str(info.value)
+
+
+def test_validate_rejects_bounded_lag_message_names_both_keys():
+    with pytest.raises(ConfigError) as info:
+        validate_config(_cartpole_cfg(bounded_lag=0, batch_size=12, envs_per_actor=8))
+    msg = str(info.value)
+    assert "batch_size" in msg and "envs_per_actor" in msg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present: device=cuda is valid")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_validate_rejects_cuda_without_cuda(device):
+    with pytest.raises(ConfigError) as info:
+        validate_config(_cartpole_cfg(device=device))
+    assert "device" in str(info.value)
+
+
+def test_validate_rejects_unknown_env_and_bad_backend():
+    with pytest.raises(ValueError, match="env.id"):
+        validate_config(_cartpole_cfg(env=EnvCfg(id="CartPol-v1")))
+    with pytest.raises(ValueError, match="vector_backend"):
+        validate_config(_cartpole_cfg(env=EnvCfg(id="CartPole-v1", vector_backend="ale")))
+
+
+def test_validate_rejects_unknown_model():
+    with pytest.raises(ConfigError, match="model.name"):
+        validate_config(_cartpole_cfg(model=ModelCfg(name="transformer")))
+
+
+# --------------------------------------------------------------------------- save_config
+
+
+def test_save_config_round_trips(hydra_compose, tmp_path):
+    cfg = _to_config(
+        hydra_compose(
+            [
+                "experiment=cartpole_impala",
+                "seed=7",
+                "bounded_lag=2",
+                "algo.clip_rho_threshold=null",
+                "wandb.tags=[a,b]",
+                "run_dir=/tmp/somewhere",
+            ]
+        )
+    )
+    path = save_config(cfg, tmp_path / "nested" / "run")
+    assert path == tmp_path / "nested" / "run" / "config.yaml"
+    assert path.is_file()
+    loaded = OmegaConf.load(path)
+    merged = OmegaConf.merge(OmegaConf.structured(Config), loaded)
+    back = OmegaConf.to_object(merged)
+    assert isinstance(back, Config)
+    assert back == cfg
+    assert back != Config(env=EnvCfg(id="CartPole-v1"))  # the comparison is not vacuous
+    assert back.seed == 7 and back.bounded_lag == 2 and back.algo.clip_rho_threshold is None
+    assert back.wandb.tags == ["a", "b"]
