@@ -36,7 +36,7 @@ class ModelCfg:
     mlp_layers: int = 2  # mlp only: number of hidden layers
     use_lstm: bool = False  # add an LSTM core between torso and heads
     lstm_size: int = 256  # LSTM hidden size
-    channels_last: bool = False  # CNNs: run convolutions in NHWC memory format
+    channels_last: bool = True  # CNNs: NHWC memory format (1.3-1.4x end to end on CPU here)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Config:
     publish_interval: int = 1  # publish learner weights to actors every N updates
     max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
-    learner_threads: int = 0  # torch threads in the learner process (0: cores - actors, >= 1)
+    learner_threads: int = 0  # torch threads in the learner (0: all cores on CPU, 2 on CUDA)
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line
     run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir

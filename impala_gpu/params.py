@@ -17,7 +17,9 @@ from torch import Tensor, nn
 
 
 def flat_parameters(model: nn.Module) -> Tensor:
-    return torch.nn.utils.parameters_to_vector(model.parameters())
+    """All parameters as one vector, in logical (NCHW) element order whatever the memory format
+    (``parameters_to_vector`` can't view channels_last weights)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 class ParamStore:
@@ -87,5 +89,13 @@ class ParamStore:
             delay = min(delay * 2, 0.01)
 
 
+@torch.no_grad()
 def load_flat_into(model: nn.Module, flat: Tensor) -> None:
-    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    """Inverse of ``flat_parameters``; keeps each parameter's memory format."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.copy_(flat[offset : offset + n].view(p.shape))
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} values, the model {offset}.")

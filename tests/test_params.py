@@ -71,3 +71,20 @@ def test_round_trip_through_a_model():
     load_flat_into(dst, flat)
     for a, b in zip(src.parameters(), dst.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_round_trip_keeps_channels_last_weights():
+    from impala_gpu.config import ModelCfg
+    from impala_gpu.models import build_model
+
+    cfg = ModelCfg(name="shallow", channels_last=True)
+    src, dst = build_model((4, 84, 84), 6, cfg), build_model((4, 84, 84), 6, cfg)
+    store = ParamStore.for_model(src)
+    store.publish(src, 1)
+    flat = torch.empty(store.flat.shape[1])
+    assert store.read(flat, timeout=1) == 1
+    load_flat_into(dst, flat)
+    conv = dst.torso.convs[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(src.parameters(), dst.parameters(), strict=True):
+        assert torch.equal(a, b)

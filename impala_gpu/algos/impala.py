@@ -42,7 +42,9 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     device = resolve_device(cfg.device)
     spec = env_spec(cfg.env)
     torch.manual_seed(cfg.seed)
-    threads = cfg.learner_threads or max(1, (os.cpu_count() or 2) - cfg.num_actors)
+    # A CPU learner is the bottleneck on small boxes: it gets every core and shares them with
+    # the actors (measured faster than cores - actors here). A CUDA learner needs few threads.
+    threads = cfg.learner_threads or (2 if device.type == "cuda" else (os.cpu_count() or 1))
     torch.set_num_threads(threads)
 
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
