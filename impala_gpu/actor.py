@@ -121,14 +121,12 @@ def _run(
         idx = torch.tensor(slots)
 
         g = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
-        want = (
-            bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag)
-            if bounded
-            else h.params.version
-        )
-        if want != local_version:
+        # Bounded lag acts with one exact version; otherwise with the newest one (re-read on
+        # every retry: under history=1 a version can be overwritten before we get to copy it).
+        want = bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag) if bounded else None
+        if (want if bounded else h.params.version) != local_version:
             got = h.params.read(flat, version=want, should_stop=should_stop)
-            if got is None:
+            if got is None:  # told to stop while waiting
                 for s in slots:
                     ring.release(s)
                 return

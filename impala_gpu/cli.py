@@ -62,5 +62,9 @@ def _hydra_main(dcfg: DictConfig) -> float:
 
 def main() -> None:
     # Hydra returns the objective for sweepers; the process exit code stays 0 on success.
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:
+        print("impala_gpu: interrupted; actors stopped, shared memory freed.", file=sys.stderr)
+        sys.exit(130)
     sys.exit(0)

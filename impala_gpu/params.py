@@ -71,13 +71,17 @@ class ParamStore:
         return v
 
     def read(
-        self, out: Tensor, version: int | None = None, timeout: float = 60.0, should_stop=None
+        self,
+        out: Tensor,
+        version: int | None = None,
+        timeout: float | None = None,
+        should_stop=None,
     ) -> int | None:
         """Like try_read, but waits (polling) until the version can be read.
 
-        Returns None when ``should_stop()`` turns true or on timeout.
+        Returns None when ``should_stop()`` turns true or after ``timeout`` seconds (if given).
         """
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         delay = 1e-4
         while True:
             got = self.try_read(out, version)

@@ -96,7 +96,11 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         )
         version = 0
         batcher.start()
-        last = learn(cfg, model, spec.frames_per_step, batcher, params, handles, actors, logger)
+        try:
+            last = learn(cfg, model, spec.frames_per_step, batcher, params, handles, actors, logger)
+        except KeyboardInterrupt:
+            save_weights(model, Path(run_dir) / "model.pt")  # Ctrl-C keeps the work done so far
+            raise
         save_weights(model, Path(run_dir) / "model.pt")
         return last
     finally:
@@ -176,7 +180,8 @@ def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger)
                 last_log = now
                 _check_actors(actors)
     except KeyboardInterrupt:
-        bar.note("interrupted: stopping actors and freeing shared memory")
+        bar.note("interrupted: saving weights, stopping actors, freeing shared memory")
+        raise
     finally:
         bar.close()
     return last
