@@ -117,9 +117,9 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=20, help="timed updates per repetition")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--feeders", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--no-channels-last", dest="channels_last", action="store_false")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args()
 
