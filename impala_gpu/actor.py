@@ -124,7 +124,10 @@ def _run(
         # Bounded lag acts with one exact version; otherwise with the newest one (re-read on
         # every retry: under history=1 a version can be overwritten before we get to copy it).
         want = bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag) if bounded else None
-        if (want if bounded else h.params.version) != local_version:
+        # refresh_every=K > 1 keeps acting with old weights until the learner is K updates
+        # ahead: policy lag injected on purpose (the V-trace ablation).
+        stale = h.params.version - local_version >= cfg.refresh_every
+        if (want != local_version) if bounded else stale:
             got = h.params.read(flat, version=want, should_stop=should_stop)
             if got is None:  # told to stop while waiting
                 for s in slots:

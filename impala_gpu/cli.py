@@ -12,7 +12,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from impala_gpu.config import Config, register_configs
+from impala_gpu.config import Config, register_configs, save_config
+from impala_gpu.sweep import LAST_SWEEP_FAILURES, record_failure
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -20,17 +21,17 @@ register_configs()
 
 
 def algo_registry() -> dict[str, Any]:
-    from impala_gpu.algos import impala
+    """algo.name -> train(cfg, run_dir, sweep). Imported lazily: start-up stays fast."""
+    from impala_gpu.algos import a2c, impala
 
-    return {"impala": impala.train}
+    algos = {"impala": impala.train, "impala_nocorrection": impala.train, "a2c": a2c.train}
+    try:
+        from impala_gpu.algos import a3c
 
-
-def save_config(cfg: Config, run_dir: str | Path) -> Path:
-    """Write the resolved config beside the run's metrics."""
-    path = Path(run_dir) / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    return path
+        algos["a3c"] = a3c.train
+    except ImportError:  # pragma: no cover - a3c lands separately
+        pass
+    return algos
 
 
 def _sweep_info() -> tuple[str, dict[str, Any]]:
@@ -43,6 +44,7 @@ def _sweep_info() -> tuple[str, dict[str, Any]]:
 
 
 def run(dcfg: DictConfig) -> float:
+    """One run (or one sweep point). Returns the final mean return, the sweepers' objective."""
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     hydra_dir, sweep = _sweep_info()
     run_dir = cfg.run_dir or hydra_dir
@@ -50,7 +52,15 @@ def run(dcfg: DictConfig) -> float:
     algos = algo_registry()
     if cfg.algo.name not in algos:
         raise ValueError(f"algo.name={cfg.algo.name!r} is not one of {sorted(algos)}.")
-    last = algos[cfg.algo.name](cfg, run_dir, sweep)
+    try:
+        last = algos[cfg.algo.name](cfg, run_dir, sweep)
+    except Exception as e:
+        if not sweep:
+            raise
+        # In a sweep one bad point must not take the others down, nor vanish: record it, go
+        # on, and let SweepReport fail the whole multirun at the end.
+        record_failure(run_dir, sweep.get("name", ""), e)
+        return float("-inf")
     ret = last.get("episode_return", float("nan"))
     return ret if isinstance(ret, float) and math.isfinite(ret) else float("-inf")
 
@@ -67,4 +77,4 @@ def main() -> None:
     except KeyboardInterrupt:
         print("impala_gpu: interrupted; actors stopped, shared memory freed.", file=sys.stderr)
         sys.exit(130)
-    sys.exit(0)
+    sys.exit(1 if LAST_SWEEP_FAILURES else 0)

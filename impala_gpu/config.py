@@ -7,6 +7,7 @@ with Hydra's own error naming the key (``Key 'lrr' not in 'AlgoCfg'``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -41,7 +42,7 @@ class ModelCfg:
 
 @dataclass
 class AlgoCfg:
-    name: str = "impala"  # impala (async + V-trace)
+    name: str = "impala"  # impala | impala_nocorrection | a2c | a3c
     discount: float = 0.99  # gamma
     baseline_cost: float = 0.5  # weight of the value loss
     entropy_cost: float = 0.01  # weight of the entropy bonus
@@ -91,6 +92,7 @@ class Config:
     seed: int = 0  # run seed; actors and envs derive their own seeds from it
     publish_interval: int = 1  # publish learner weights to actors every N updates
     max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
+    refresh_every: int = 1  # actors load new weights only once the learner is K updates ahead
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
     learner_threads: int = 0  # torch threads in the learner (0: all cores on CPU, 2 on CUDA)
     log_interval_s: float = 5.0  # seconds between metric lines
@@ -115,3 +117,14 @@ def to_container(cfg: Any) -> dict[str, Any]:
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.structured(cfg)
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def save_config(cfg: Any, run_dir: str | Path) -> Path:
+    """Write the resolved config beside the run's metrics (``run_dir/config.yaml``)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    node = cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg)
+    path.write_text(OmegaConf.to_yaml(node, resolve=True))
+    return path

@@ -51,6 +51,12 @@ class MetricsLogger:
                     data[name] = wandb.Histogram(values)
             self.wandb_run.log(data, step=int(metrics.get("frames", 0)))
 
+    def write_json(self, name: str, obj: Any) -> None:
+        """Replace ``run_dir/name`` atomically (readers never see half a file)."""
+        tmp = self.run_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, self.run_dir / name)
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()

@@ -38,6 +38,7 @@ class Telemetry:
         self.episode_returns: collections.deque[float] = collections.deque(maxlen=100)
         self.episode_lengths: collections.deque[int] = collections.deque(maxlen=100)
         self.episodes = 0
+        self.lag_counts = np.zeros(1, dtype=np.int64)  # whole-run histogram, bin k = lag k
 
     def add_update(self, stats: np.ndarray, lags: np.ndarray, frames: int, steps: int) -> None:
         w = self.window
@@ -46,6 +47,14 @@ class Telemetry:
         w.agent_steps += steps
         w.stats_sum = stats if w.stats_sum is None else w.stats_sum + stats
         w.lags.extend(lags.tolist())
+        counts = np.bincount(np.clip(lags, 0, None).astype(np.int64))
+        if len(counts) > len(self.lag_counts):
+            self.lag_counts = np.pad(self.lag_counts, (0, len(counts) - len(self.lag_counts)))
+        self.lag_counts[: len(counts)] += counts
+
+    def lag_histogram(self) -> dict[str, list[int]]:
+        """The whole run's per-sample policy lag: ``counts[k]`` samples had lag ``bins[k]``."""
+        return {"bins": list(range(len(self.lag_counts))), "counts": self.lag_counts.tolist()}
 
     def add_episodes(self, episodes: list[tuple[float, int]]) -> None:
         for ret, length in episodes:

@@ -62,6 +62,9 @@ def validate_config(cfg: Config) -> None:
         v = getattr(cfg, key)
         _require(v > 0, f"{key}={v} must be positive. Fix: {key}=<a positive integer>.")
     _require(cfg.publish_interval > 0, f"publish_interval={cfg.publish_interval} must be >= 1.")
+    _require(
+        cfg.refresh_every > 0, f"refresh_every={cfg.refresh_every} must be >= 1 (1: always fresh)."
+    )
     _require(cfg.max_policy_lag >= 0, f"max_policy_lag={cfg.max_policy_lag} must be >= 0 (0: off).")
     _require(
         cfg.model.name in MODEL_NAMES, f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}."
@@ -88,6 +91,11 @@ def validate_config(cfg: Config) -> None:
             f"bounded_lag needs batch_size ({cfg.batch_size}) to be a multiple of envs_per_actor "
             f"({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: batch_size="
             f"{max(1, cfg.batch_size // cfg.envs_per_actor) * cfg.envs_per_actor}.",
+        )
+        _require(
+            cfg.refresh_every == 1,
+            "bounded_lag fixes each unroll's version itself; refresh_every can't be combined "
+            "with it. Fix: refresh_every=1.",
         )
         _require(
             cfg.max_policy_lag == 0,

@@ -65,7 +65,8 @@ def run_cli(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert processes_with_marker(marker) == [], "a child process outlived the run"
-    assert leaked_shm(shm_before) == set(), "a /dev/shm segment outlived the run"
+    leaked = leaked_shm(shm_before)
+    assert leaked == set(), f"/dev/shm segments outlived the run: {leaked}"
     return proc
 
 

@@ -224,6 +224,7 @@ def _log(cfg, st: _Progress, tele, logger, handles, batcher, optimizer) -> dict[
     )
     st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
     logger.log(m, hist)
+    logger.write_json("lag_hist.json", tele.lag_histogram())
     return m
 
 

@@ -1,0 +1,436 @@
+"""A3C (Mnih et al. 2016): Hogwild CPU workers, each its own actor and learner.
+
+The whole loop, top to bottom: ``train`` puts one model and its optimizer statistics in shared
+memory and starts ``cfg.num_actors`` workers. Each worker repeatedly copies the shared weights
+into its local model, rolls out ``unroll_length`` steps of its own envs with them, computes the
+n-step actor-critic loss on that (on-policy) rollout, and applies its gradient to the shared
+model without a lock. The main process only watches: it gathers the workers' reports and logs
+the same metrics IMPALA logs, so the two baselines compare field by field.
+
+Config keys of the central learner (batch_size, num_slots, publish_interval, max_policy_lag,
+bounded_lag, learner_threads) do not apply here and are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+
+from impala_gpu.algos.impala import save_weights
+from impala_gpu.config import AlgoCfg, Config
+from impala_gpu.envs import EnvSpec, derive_seeds, env_spec, make_vector_env, reset_vector_env
+from impala_gpu.learner import STAT_NAMES, Batch, make_optimizer, train_step
+from impala_gpu.logger import MetricsLogger
+from impala_gpu.models import CoreState, Policy, build_model
+from impala_gpu.progress import Progress
+from impala_gpu.ring import numpy_to_torch_dtype
+from impala_gpu.telemetry import Telemetry
+from impala_gpu.validate import ConfigError, resolve_device, validate_config
+
+# Columns of the shared per-worker counters [num_actors, NUM_COUNTERS]. Each worker writes only
+# its own row, so the unlocked ``+=`` never races; the global count is the column sum. DONE: the
+# worker has left its loop and will not touch the shared model again.
+STEPS, UPDATES, DONE = range(3)
+NUM_COUNTERS = 3
+
+# A worker's report after each update: (worker_id, stats [len(STAT_NAMES)] float32, policy lag,
+# finished episodes [(raw return, length), ...]).
+Report = tuple[int, np.ndarray, int, list[tuple[float, int]]]
+
+
+@dataclass
+class WorkerHandles:
+    """What the main process hands each worker (all picklable to spawn children)."""
+
+    counters: Tensor  # [num_actors, NUM_COUNTERS] int64, shared
+    reports: Any  # mp.Queue of Report
+    stop: Any  # mp.Event
+
+
+def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train with A3C. Returns the last logged metrics."""
+    validate_config(cfg)
+    if resolve_device(cfg.device).type != "cpu":
+        raise ConfigError(
+            f"device={cfg.device} resolves to {resolve_device(cfg.device)}, but A3C is Hogwild on "
+            "CPU: every worker updates one shared CPU model without a lock. Fix: device=cpu."
+        )
+    spec = env_spec(cfg.env)
+    torch.manual_seed(cfg.seed)
+    shared_model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    shared_model.share_memory()
+    optimizer = make_shared_optimizer(shared_model, cfg.algo)
+
+    ctx = mp.get_context(cfg.start_method)
+    handles = WorkerHandles(
+        counters=torch.zeros(cfg.num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_(),
+        reports=ctx.Queue(),
+        stop=ctx.Event(),
+    )
+    seeds = derive_seeds(cfg.seed, cfg.num_actors)
+    workers = [
+        ctx.Process(
+            target=worker_main,
+            args=(i, cfg, spec, shared_model, optimizer, handles, seeds[i]),
+            name=f"a3c-worker-{i}",
+            daemon=True,
+        )
+        for i in range(cfg.num_actors)
+    ]
+    logger = MetricsLogger(run_dir, cfg, sweep)
+    path = Path(run_dir) / "model.pt"
+    try:
+        for p in workers:
+            p.start()
+        try:
+            last = monitor(cfg, spec, handles, workers, logger)
+        except KeyboardInterrupt:
+            # Stop the workers first: they must not write the weights while we copy them.
+            stop_workers(workers, handles)
+            save_weights(shared_model, path)  # Ctrl-C keeps the work done so far
+            raise
+        stop_workers(workers, handles)
+        save_weights(shared_model, path)
+        return last
+    finally:
+        stop_workers(workers, handles)
+        logger.close()
+        handles.reports.close()
+
+
+# -- shared optimizer ---------------------------------------------------------------------------
+
+# Per-parameter state tensors torch's own lazy init would create (besides "step").
+_STATE_BUFFERS: dict[type, Callable[[dict], list[str]]] = {
+    torch.optim.RMSprop: lambda g: (
+        ["square_avg"]
+        + (["momentum_buffer"] if g["momentum"] > 0 else [])
+        + (["grad_avg"] if g["centered"] else [])
+    ),
+    torch.optim.Adam: lambda g: (
+        ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if g["amsgrad"] else [])
+    ),
+}
+
+
+def make_shared_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
+    """``make_optimizer``'s RMSprop/Adam with its statistics created now, in shared memory.
+
+    torch creates optimizer state lazily on the first ``step``, which would give each worker a
+    private copy. Created here (before the workers are spawned, which pickle the optimizer by
+    shared-memory handle) every worker reads and updates the same running averages and the same
+    ``step`` count, as in the paper's shared RMSprop. ``model`` must already be shared.
+    """
+    optimizer = make_optimizer(model, algo)
+    buffers = _STATE_BUFFERS[type(optimizer)]
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            # Scalar float "step" on the CPU, like torch's own (non-capturable, non-fused) init.
+            state["step"] = torch.zeros(()).share_memory_()
+            for name in buffers(group):
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state[name].share_memory_()
+    return optimizer
+
+
+def lr_at(frames: int, cfg: Config) -> float:
+    """The learning rate after ``frames`` frames (``make_lr_scheduler``'s schedule)."""
+    if cfg.algo.lr_schedule == "constant":
+        return cfg.algo.learning_rate
+    return cfg.algo.learning_rate * max(0.0, 1.0 - frames / max(1, cfg.total_frames))
+
+
+class HogwildStep:
+    """The optimizer ``learner.train_step`` sees: ``zero_grad`` clears the local model's grads,
+    ``step`` hands them to the shared model and steps the shared optimizer (no lock: Hogwild).
+
+    Assigning ``shared.grad = local.grad`` only changes this process's view of the shared
+    parameters: the gradient itself is never copied or shared.
+    """
+
+    def __init__(self, local: nn.Module, shared: nn.Module, optimizer: torch.optim.Optimizer):
+        self.pairs = list(zip(local.parameters(), shared.parameters(), strict=True))
+        self.optimizer = optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for local, _ in self.pairs:
+            local.grad = None
+
+    def step(self) -> None:
+        for local, shared in self.pairs:
+            shared.grad = local.grad
+        self.optimizer.step()
+
+
+# -- worker -------------------------------------------------------------------------------------
+
+
+def worker_main(
+    worker_id: int,
+    cfg: Config,
+    spec: EnvSpec,
+    shared_model: Policy,
+    optimizer: torch.optim.Optimizer,
+    handles: WorkerHandles,
+    seed: int,
+) -> None:
+    """Process entry point. Returns at ``total_frames``, on ``handles.stop``, or when the main
+    process goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process coordinates Ctrl-C shutdown
+    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    torch.manual_seed(seed)
+    parent = os.getppid()
+    env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
+    try:
+        _work(worker_id, cfg, spec, shared_model, optimizer, handles, seed, env, parent)
+    finally:
+        handles.counters[worker_id, DONE] = 1
+        env.close()
+
+
+def _work(worker_id, cfg, spec, shared_model, optimizer, h: WorkerHandles, seed, env, parent):
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    rollout = Rollout(env, cfg, spec, seed)
+    hogwild = HogwildStep(model, shared_model, optimizer)
+    # A3C's loss is on-policy n-step returns: V-trace with the importance weights dropped.
+    algo = dataclasses.replace(cfg.algo, correction=False)
+    steps_per_update = cfg.unroll_length * cfg.envs_per_actor
+    counters = h.counters
+    while not h.stop.is_set() and os.getppid() == parent:
+        frames = int(counters[:, STEPS].sum()) * spec.frames_per_step
+        if frames >= cfg.total_frames:
+            return
+        model.load_state_dict(shared_model.state_dict())
+        seen = int(counters[:, UPDATES].sum())
+        batch, episodes = rollout.collect(model)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(frames, cfg)
+        stats = train_step(model, hogwild, batch, algo).numpy()  # type: ignore[arg-type]
+        # The data is on-policy, so the ratios are 1 (up to float noise, which would make the
+        # "rho > 1" fractions meaningless): report the exact values.
+        stats[_CLIPPED_RHO], stats[_CLIPPED_PG_RHO], stats[_MEAN_RHO] = 0.0, 0.0, 1.0
+        # A3C's staleness: other workers' updates to the shared model since our weight copy.
+        lag = int(counters[:, UPDATES].sum()) - seen
+        counters[worker_id, STEPS] += steps_per_update
+        counters[worker_id, UPDATES] += 1
+        h.reports.put((worker_id, stats, lag, episodes))
+
+
+_CLIPPED_RHO = STAT_NAMES.index("clipped_rho_fraction")
+_CLIPPED_PG_RHO = STAT_NAMES.index("clipped_pg_rho_fraction")
+_MEAN_RHO = STAT_NAMES.index("mean_rho")
+
+
+class Rollout:
+    """A worker's vector env plus what carries over between unrolls.
+
+    ``collect`` returns a time-major ``learner.Batch`` with the ring's layout: step fields
+    ``[T+1, E, ...]`` whose step 0 is the previous unroll's step T (the actor's convention,
+    see ``impala_gpu/ring.py``), and ``core_state`` the LSTM state before step 0.
+    """
+
+    def __init__(self, env, cfg: Config, spec: EnvSpec, seed: int):
+        E, T = cfg.envs_per_actor, cfg.unroll_length
+        self.env, self.cfg = env, cfg
+        self.episodic_life = cfg.env.episodic_life and spec.kind == "atari"
+        obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
+        self.obs = torch.from_numpy(obs_np)
+        self.reward = torch.zeros(E)
+        self.terminated = torch.zeros(E, dtype=torch.bool)
+        self.truncated = torch.zeros(E, dtype=torch.bool)
+        self.first = torch.ones(E, dtype=torch.bool)
+        self.core: CoreState | None = None  # the model's initial state, on the first collect
+        self.ep_return = np.zeros(E)
+        self.ep_length = np.zeros(E, dtype=np.int64)
+        # One reused buffer: train_step is done with it before the next collect.
+        self.batch = Batch(
+            obs=torch.empty(T + 1, E, *spec.obs_shape, dtype=numpy_to_torch_dtype(spec.obs_dtype)),
+            reward=torch.empty(T + 1, E),
+            terminated=torch.empty(T + 1, E, dtype=torch.bool),
+            truncated=torch.empty(T + 1, E, dtype=torch.bool),
+            first=torch.empty(T + 1, E, dtype=torch.bool),
+            action=torch.empty(T + 1, E, dtype=torch.int64),
+            logits=torch.empty(T + 1, E, spec.num_actions),
+        )
+
+    @torch.no_grad()
+    def collect(self, model: Policy) -> tuple[Batch, list[tuple[float, int]]]:
+        """Act with ``model`` for T env steps. Returns the batch and the episodes that ended
+        (raw return, length)."""
+        b, episodes = self.batch, []
+        if self.core is None:
+            self.core = model.initial_state(self.obs.shape[0])
+        b.core_state = core = self.core
+        # Step 0 re-acts on the carried observation with the new weights (IMPALA's actor keeps
+        # the action it drew there last unroll): every recorded logit is the current policy's.
+        action, next_core = self._act(model, core, 0)
+        for t in range(1, self.cfg.unroll_length + 1):
+            episodes += self._step(action)
+            core = next_core
+            action, next_core = self._act(model, core, t)
+        self.core = core  # the state before step T, which is the next unroll's step 0
+        return b, episodes
+
+    def _act(self, model: Policy, core: CoreState, t: int) -> tuple[Tensor, CoreState]:
+        """Sample actions at the current observation and record step ``t`` of the batch."""
+        out = model(self.obs.unsqueeze(0), self.first.unsqueeze(0), core)
+        logits = out.logits[0]
+        action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        b = self.batch
+        b.obs[t], b.reward[t], b.first[t] = self.obs, self.reward, self.first
+        b.terminated[t], b.truncated[t] = self.terminated, self.truncated
+        b.action[t], b.logits[t] = action, logits
+        return action, out.core_state
+
+    def _step(self, action: Tensor) -> list[tuple[float, int]]:
+        """One env step, NEXT_STEP autoreset (actor._run's inner step). Returns ended episodes."""
+        obs_np, rew_np, term_np, trunc_np, info = self.env.step(action.numpy())
+        self.first = self.terminated | self.truncated
+        self.obs = torch.from_numpy(obs_np)
+        self.terminated = torch.from_numpy(np.asarray(term_np, dtype=bool))
+        self.truncated = torch.from_numpy(np.asarray(trunc_np, dtype=bool))
+        raw = np.asarray(rew_np, dtype=np.float64)
+        clipped = np.clip(raw, -1.0, 1.0) if self.cfg.env.clip_rewards else raw
+        self.reward = torch.from_numpy(clipped).float()
+        live = ~self.first.numpy()  # a reset step's reward belongs to no episode
+        self.ep_return[live] += raw[live]
+        self.ep_length[live] += 1
+        ended = (self.terminated | self.truncated).numpy()
+        if self.episodic_life:  # a lost life ends the training episode, not the game
+            lives = np.asarray(info.get("lives", np.zeros(len(ended))))
+            ended = self.truncated.numpy() | (self.terminated.numpy() & (lives == 0))
+        episodes = [
+            (float(self.ep_return[j]), int(self.ep_length[j])) for j in np.flatnonzero(ended)
+        ]
+        self.ep_return[ended] = 0.0
+        self.ep_length[ended] = 0
+        return episodes
+
+
+# -- main process -------------------------------------------------------------------------------
+
+
+def monitor(cfg: Config, spec: EnvSpec, h: WorkerHandles, workers, logger) -> dict[str, Any]:
+    """Gather reports and log until ``total_frames`` (or ``max_seconds``); then stop the workers
+    and log the final line. Returns the last logged metrics."""
+    tele = Telemetry(STAT_NAMES, cuda=False)
+    bar = Progress(cfg.total_frames, enabled=cfg.progress)
+    start = time.perf_counter()
+    deadline = start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
+    last_log, prev_steps, received = start, 0, 0
+
+    def on_report(r: Report) -> None:
+        nonlocal received
+        received += 1
+        _, stats, lag, episodes = r
+        tele.add_update(
+            stats, np.array([lag]), steps_per_update * spec.frames_per_step, steps_per_update
+        )
+        tele.add_episodes(episodes)
+
+    steps_per_update = cfg.unroll_length * cfg.envs_per_actor
+    try:
+        while True:
+            _drain(h.reports, on_report, timeout=0.1)
+            frames = int(h.counters[:, STEPS].sum()) * spec.frames_per_step
+            now = time.perf_counter()
+            done = frames >= cfg.total_frames or now >= deadline
+            if done:  # the final line includes the last updates' reports
+                h.stop.set()
+                _await_last_reports(workers, h, on_report, lambda: received)
+            if done or now - last_log >= cfg.log_interval_s:
+                m, hist = tele.flush()
+                m.update(_counter_metrics(cfg, spec, h.counters, prev_steps, m["window_s"]))
+                m.update(elapsed_s=time.perf_counter() - start, time=time.time())
+                logger.log(m, hist)
+                bar.update(m["frames"], m)
+                last_log, prev_steps = now, m["agent_steps"]
+            if done:
+                return m
+            _check_workers(workers)
+    except KeyboardInterrupt:
+        bar.note("interrupted: stopping workers, saving weights")
+        raise
+    finally:
+        bar.close()
+
+
+def _counter_metrics(cfg, spec, counters: Tensor, prev_steps: int, window_s: float) -> dict:
+    c = counters.numpy().copy()
+    steps = int(c[:, STEPS].sum())
+    frames = steps * spec.frames_per_step
+    return dict(
+        frames=frames,
+        agent_steps=steps,
+        updates=int(c[:, UPDATES].sum()),
+        worker_updates=c[:, UPDATES].tolist(),  # per worker: did every worker contribute?
+        actor_steps=steps,
+        actor_steps_per_s=(steps - prev_steps) / max(window_s, 1e-9),
+        # No central learner: its busy/wait/overhead split does not exist (null in JSON).
+        learner_busy=float("nan"),
+        learner_wait=float("nan"),
+        learner_overhead=float("nan"),
+        lr=lr_at(frames, cfg),
+    )
+
+
+def _drain(reports, on_report: Callable[[Report], None] | None, timeout: float) -> None:
+    """Hand every queued report to ``on_report``, waiting up to ``timeout`` for the first."""
+    block = timeout > 0
+    while True:
+        try:
+            r = reports.get(timeout=timeout) if block else reports.get_nowait()
+        except queue.Empty:
+            return
+        block = False
+        if on_report is not None:
+            on_report(r)
+
+
+def _await_last_reports(workers, h: WorkerHandles, on_report, received, timeout=5.0) -> None:
+    """After ``stop``: wait until every worker has left its loop (or died) and every update it
+    counted has been reported. Cheaper than a join, which also waits for interpreter teardown."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        finished = all(h.counters[i, DONE] or not p.is_alive() for i, p in enumerate(workers))
+        if finished and received() >= int(h.counters[:, UPDATES].sum()):
+            return
+        _drain(h.reports, on_report, timeout=0.05)
+
+
+def _check_workers(workers) -> None:
+    dead = [p for p in workers if p.exitcode not in (None, 0)]
+    if dead:
+        desc = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+        raise RuntimeError(f"worker process died: {desc}")
+
+
+def stop_workers(workers, h: WorkerHandles, on_report=None, timeout: float = 10.0) -> None:
+    """Stop, join (terminate stragglers), idempotent. Reports are drained while waiting: a
+    process does not exit before its queue's buffered items are in the pipe."""
+    h.stop.set()
+    started = [p for p in workers if p.pid is not None]
+    deadline = time.monotonic() + timeout
+    while any(p.is_alive() for p in started) and time.monotonic() < deadline:
+        _drain(h.reports, on_report, timeout=0.05)
+    for p in started:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=2)
+    _drain(h.reports, on_report, timeout=0)

@@ -1,0 +1,666 @@
+"""Load training runs and Hydra sweeps into pandas, and turn them into curves, tables and text.
+
+A run directory holds ``config.yaml`` (the resolved config) and ``metrics.jsonl`` (one JSON
+object per log interval); optionally ``lag_hist.json`` (the whole run's per-sample policy lag
+histogram) and, for a failed sweep point, ``error.txt``. A sweep is any directory tree of run
+directories, e.g. ``multirun/<date>/<time>/``.
+
+Everything here is read-only and pure: functions take paths or DataFrames and return new ones.
+Typical use (what the notebooks in ``notebooks/`` do)::
+
+    df = load_sweep("multirun/2026-11-30/14-00-00")
+    band = curves(df, x="frames", y="episode_return", by=("algo",))
+    table = summary_table(df, threshold=475)
+    print(conclusion(table))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+LAG_HIST_FILE = "lag_hist.json"
+ERROR_FILE = "error.txt"
+
+#: Per-run columns ``load_sweep`` derives from each run's config (the rest come from metrics).
+RUN_COLUMNS = ("run", "algo", "env", "seed", "refresh_every", "correction", "failed")
+
+#: Metric columns the tables and plots read. Missing ones are added as NaN (e.g. a3c logs no
+#: learner_busy), so callers never need to test for a column's presence.
+METRIC_COLUMNS = (
+    "frames",
+    "agent_steps",
+    "elapsed_s",
+    "frames_per_s",
+    "learner_busy",
+    "learner_wait",
+    "learner_overhead",
+    "episode_return",
+    "episode_length",
+    "policy_lag_mean",
+    "policy_lag_p95",
+    "policy_lag_max",
+)
+
+#: The algos that share IMPALA's asynchronous pipeline: the V-trace ablation compares these.
+IMPALA_ALGOS = ("impala", "impala_nocorrection")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory, loaded.
+
+    Attributes:
+        path: the run directory.
+        config: the resolved config as a nested plain dict.
+        metrics: one row per ``metrics.jsonl`` line; JSON nulls are NaN; every name in
+            ``METRIC_COLUMNS`` is present.
+        lag_hist: ``{"bins": [...], "counts": [...]}`` from ``lag_hist.json``, or None when the
+            file is absent or unreadable.
+        failed: ``error.txt`` is present (the point raised; its metrics may be partial).
+        error: the text of ``error.txt``, or None.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    lag_hist: dict[str, list[float]] | None
+    failed: bool
+    error: str | None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def algo(self) -> str:
+        return str(_get(self.config, "algo.name", "unknown"))
+
+    @property
+    def env(self) -> str:
+        return str(_get(self.config, "env.id", "unknown"))
+
+    @property
+    def seed(self) -> int | None:
+        seed = _get(self.config, "seed", None)
+        return None if seed is None else int(seed)
+
+    @property
+    def refresh_every(self) -> int:
+        # Runs from before refresh_every existed refreshed weights on every update.
+        return int(_get(self.config, "refresh_every", 1) or 1)
+
+    @property
+    def correction(self) -> bool:
+        """Whether the learner used V-trace's importance weights."""
+        if self.algo == "impala_nocorrection":
+            return False
+        # Older configs lack the key; only plain impala corrected by default then.
+        return bool(_get(self.config, "algo.correction", self.algo == "impala"))
+
+
+def _get(config: dict[str, Any], dotted: str, default: Any) -> Any:
+    """``config["a"]["b"]`` for ``"a.b"``, or ``default`` when any level is missing."""
+    node: Any = config
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def find_runs(root: str | os.PathLike[str], *, include_failed: bool = False) -> list[Path]:
+    """Every directory under ``root`` (recursively, ``root`` included) that is a run.
+
+    A run holds ``metrics.jsonl`` and ``config.yaml``. With ``include_failed``, a directory
+    holding ``config.yaml`` and ``error.txt`` but no metrics (a point that failed before its
+    first log line) counts too. Hydra's ``.hydra/`` folders hold a config.yaml but no metrics,
+    so they never match. Sorted, so sweeps load in a stable order.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no such directory: {root}")
+    found = []
+    # os.walk lists a symlinked root (e.g. multirun/latest) but does not follow links below it.
+    for dirpath, _dirnames, filenames in os.walk(root):
+        names = set(filenames)
+        if CONFIG_FILE not in names:
+            continue
+        if METRICS_FILE in names or (include_failed and ERROR_FILE in names):
+            found.append(Path(dirpath))
+    return sorted(found)
+
+
+def latest_sweep(root: str | os.PathLike[str]) -> Path:
+    """The newest sweep under a Hydra ``multirun/`` folder.
+
+    A sweep is a directory whose children are runs; Hydra names them ``<date>/<time>``, so
+    the newest is the last by path below ``root``. Returns ``root`` itself when its runs sit
+    directly in it (it already is a sweep, or a symlink to one) or when it holds no runs.
+    """
+    root = Path(root)
+    parents = {p.parent for p in find_runs(root, include_failed=True)} if root.is_dir() else set()
+    if not parents or root in parents:
+        return root
+    return max(parents, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    # OmegaConf's loader, not bare PyYAML: it reads floats such as 1e-08 as floats.
+    node = OmegaConf.load(path)
+    out = OmegaConf.to_container(node, resolve=False)
+    return out if isinstance(out, dict) else {}
+
+
+def read_metrics(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """``metrics.jsonl`` as a DataFrame: nulls become NaN, unparsable lines are skipped.
+
+    A run killed mid-write can leave a truncated last line; dropping it keeps the rest usable.
+    Every name in ``METRIC_COLUMNS`` is present (NaN when the run did not log it).
+    """
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+    df = pd.DataFrame.from_records(rows)
+    for col in METRIC_COLUMNS:
+        if col not in df.columns:
+            df[col] = np.nan
+    for col in df.columns:
+        if df[col].isna().all():
+            # An all-null column comes back as object dtype; make it float so math works.
+            df[col] = df[col].astype("float64")
+        elif df[col].dtype == object:
+            try:
+                df[col] = pd.to_numeric(df[col])
+            except (TypeError, ValueError):
+                pass  # a genuinely non-numeric field: keep it as is
+    return df.reset_index(drop=True)
+
+
+def read_lag_hist(path: str | os.PathLike[str]) -> dict[str, list[float]] | None:
+    """``lag_hist.json`` as ``{"bins": [...], "counts": [...]}``, or None if absent or bad.
+
+    ``bins`` is either one value per count (``counts[k]`` samples had lag ``bins[k]``) or the
+    ``len(counts) + 1`` edges of the bins; ``lag_histograms`` handles both.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text())
+        bins = [float(b) for b in obj["bins"]]
+        counts = [float(c) for c in obj["counts"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"ignoring unreadable {path}: {e}", stacklevel=2)
+        return None
+    if len(bins) not in (len(counts), len(counts) + 1):
+        warnings.warn(f"ignoring {path}: {len(bins)} bins for {len(counts)} counts", stacklevel=2)
+        return None
+    return {"bins": bins, "counts": counts}
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """Load one run directory (see ``Run``). A failed point may lack ``metrics.jsonl``."""
+    path = Path(path)
+    metrics_path = path / METRICS_FILE
+    metrics = read_metrics(metrics_path) if metrics_path.is_file() else _empty_metrics()
+    error_path = path / ERROR_FILE
+    error = error_path.read_text() if error_path.is_file() else None
+    return Run(
+        path=path,
+        config=_read_config(path / CONFIG_FILE),
+        metrics=metrics,
+        lag_hist=read_lag_hist(path / LAG_HIST_FILE),
+        failed=error is not None,
+        error=error,
+    )
+
+
+def _empty_metrics() -> pd.DataFrame:
+    return pd.DataFrame({col: pd.Series(dtype="float64") for col in METRIC_COLUMNS})
+
+
+def load_runs(root: str | os.PathLike[str], *, include_failed: bool = False) -> list[Run]:
+    """``load_run`` for every run under ``root``. Failed points are left out unless asked for:
+    their partial curves would otherwise pull down their group's averages."""
+    runs = [load_run(p) for p in find_runs(root, include_failed=include_failed)]
+    return runs if include_failed else [r for r in runs if not r.failed]
+
+
+def _run_label(run: Run, root: Path) -> str:
+    # The directory name, made unique by its path below root when a tree holds several sweeps
+    # (every sweep numbers its points from 0).
+    try:
+        rel = run.path.relative_to(root).as_posix()
+    except ValueError:
+        rel = run.name
+    return run.name if rel in ("", ".") else rel
+
+
+def runs_frame(runs: Iterable[Run], root: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """Long format: one row per metrics line of every run, with ``RUN_COLUMNS`` in front."""
+    base = Path(root) if root is not None else None
+    frames = []
+    for run in runs:
+        df = run.metrics.copy()
+        info = {
+            "run": _run_label(run, base) if base is not None else run.name,
+            "algo": run.algo,
+            "env": run.env,
+            "seed": run.seed,
+            "refresh_every": run.refresh_every,
+            "correction": run.correction,
+            "failed": run.failed,
+        }
+        for i, (key, value) in enumerate(info.items()):
+            df.insert(i, key, value)
+        frames.append(df)
+    if not frames:
+        empty = {c: pd.Series(dtype="object") for c in RUN_COLUMNS}
+        return pd.DataFrame({**empty, **_empty_metrics().to_dict("series")})
+    # Runs can log different metric sets (a3c vs impala); concat takes the union, NaN-filled.
+    nonempty = [f for f in frames if len(f)] or frames[:1]
+    return pd.concat(nonempty, ignore_index=True)
+
+
+def load_sweep(root: str | os.PathLike[str], *, include_failed: bool = False) -> pd.DataFrame:
+    """Every run under ``root`` in long format: one row per metrics line.
+
+    Columns: ``run`` (the run's directory name, prefixed by its path below ``root`` when the
+    tree holds several sweeps), ``algo``, ``env``, ``seed``, ``refresh_every`` (1 for runs that
+    predate it), ``correction``, ``failed``, then the metric columns.
+    """
+    return runs_frame(load_runs(root, include_failed=include_failed), root)
+
+
+def _keys(by: str | Sequence[str]) -> list[str]:
+    return [by] if isinstance(by, str) else list(by)
+
+
+def curves(
+    df: pd.DataFrame,
+    x: str = "frames",
+    y: str = "episode_return",
+    by: str | Sequence[str] = ("algo",),
+    grid: int | Sequence[float] | np.ndarray = 200,
+    coverage: str = "all",
+) -> pd.DataFrame:
+    """Each run's ``y`` against ``x`` on a common grid, aggregated over the runs of a group.
+
+    Each run is linearly interpolated onto the grid inside its own logged range only (no
+    extrapolation), then each group's runs are aggregated per grid point. ``grid`` is a
+    number of points spanning the smallest to the largest ``x`` of any run, or explicit x
+    values. ``coverage="all"`` keeps only the grid points every run of the group covers: a
+    mean over a changing set of seeds jumps wherever one joins or drops out (runs log their
+    first return at different frames and finish at different times). ``"any"`` keeps every
+    point at least one run covers.
+
+    Returns one row per kept (group, grid point) with the ``by`` columns, ``x``, and
+    ``mean``, ``min``, ``max``, ``std`` (over runs, ddof=1: NaN for a single run) and ``n``
+    (runs covering the point).
+    """
+    if coverage not in ("all", "any"):
+        raise ValueError(f"coverage={coverage!r} is not 'all' or 'any'")
+    keys = _keys(by)
+    cols = [*keys, x, "mean", "min", "max", "std", "n"]
+    data = df.dropna(subset=[x, y])
+    if data.empty:
+        return pd.DataFrame(columns=cols)
+    if isinstance(grid, int):
+        xs = np.linspace(float(data[x].min()), float(data[x].max()), grid)
+    else:
+        xs = np.asarray(grid, dtype=float)
+    out = []
+    for group, gdf in data.groupby(keys, sort=True, dropna=False):
+        values = []
+        for _, rdf in gdf.groupby("run", sort=False):
+            # Sorted, one y per x: np.interp needs increasing sample points.
+            r = rdf.sort_values(x).drop_duplicates(subset=x, keep="last")
+            values.append(np.interp(xs, r[x], r[y], left=np.nan, right=np.nan))
+        stack = np.vstack(values)
+        n = np.sum(~np.isnan(stack), axis=0)
+        with warnings.catch_warnings():  # all-NaN columns are dropped below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            stats = {
+                "mean": np.nanmean(stack, axis=0),
+                "min": np.nanmin(stack, axis=0),
+                "max": np.nanmax(stack, axis=0),
+                "std": np.nanstd(stack, axis=0, ddof=1) if len(values) > 1 else np.nan,
+            }
+        frame = pd.DataFrame({x: xs, **stats, "n": n})
+        if len(values) > 1:
+            frame.loc[frame["n"] < 2, "std"] = np.nan
+        for key, value in zip(keys, group, strict=True):
+            frame[key] = value
+        need = len(values) if coverage == "all" else 1
+        out.append(frame.loc[frame["n"] >= need, cols])
+    return pd.concat(out, ignore_index=True)
+
+
+def _first_reaching(run_metrics: pd.DataFrame, threshold: float, column: str) -> float:
+    ret = run_metrics["episode_return"]
+    hit = run_metrics.loc[ret.notna() & (ret >= threshold), column]
+    return float(hit.iloc[0]) if len(hit) else math.nan
+
+
+def frames_to_threshold(run_metrics: pd.DataFrame, threshold: float) -> float:
+    """Frames at the first log line whose ``episode_return`` is >= ``threshold`` (NaN: never).
+
+    The resolution is the log interval: the return is only known at log lines. Rows are taken
+    in file order, which is the order they were logged.
+    """
+    return _first_reaching(run_metrics, threshold, "frames")
+
+
+def seconds_to_threshold(run_metrics: pd.DataFrame, threshold: float) -> float:
+    """Wall-clock seconds since training start (``elapsed_s``) at the same line as
+    ``frames_to_threshold`` (NaN: never)."""
+    return _first_reaching(run_metrics, threshold, "elapsed_s")
+
+
+def _final_return(run_metrics: pd.DataFrame) -> float:
+    ret = run_metrics["episode_return"].dropna()
+    return float(ret.iloc[-1]) if len(ret) else math.nan
+
+
+def _steady(run_metrics: pd.DataFrame) -> pd.DataFrame:
+    # The first window holds start-up (actors spawning, first compile/alloc); drop it, unless
+    # it is all there is.
+    return run_metrics.iloc[1:] if len(run_metrics) > 1 else run_metrics
+
+
+def summary_keys(df: pd.DataFrame) -> list[str]:
+    """``algo``, plus ``refresh_every`` and ``correction`` when they vary across runs."""
+    keys = ["algo"]
+    for key in ("refresh_every", "correction"):
+        if key in df.columns and df[key].nunique(dropna=False) > 1:
+            keys.append(key)
+    return keys
+
+
+def summary_table(
+    df: pd.DataFrame,
+    threshold: float | None = None,
+    by: str | Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """One row per group (default ``summary_keys(df)``) of a ``load_sweep`` frame.
+
+    Columns:
+        runs: number of runs (seeds) in the group.
+        frames_per_s: median over every steady log window (each run's first line dropped) of
+            the group's runs.
+        learner_busy, policy_lag_mean: mean over the same windows (NaN when not logged).
+        final_return: mean over runs of each run's last non-null ``episode_return``;
+        final_return_std: its spread over runs (ddof=1; NaN for one run).
+        With ``threshold``: ``reached`` (runs that got there), ``frames_to_threshold`` and
+        ``seconds_to_threshold`` (means over the runs that got there; NaN if none did).
+
+    The threshold is kept in ``result.attrs["threshold"]`` for ``conclusion``.
+    """
+    keys = _keys(by) if by is not None else summary_keys(df)
+    rows = []
+    for group, gdf in df.groupby(keys, sort=True, dropna=False):
+        per_run = [rdf for _, rdf in gdf.groupby("run", sort=True)]
+        steady = pd.concat([_steady(r) for r in per_run])
+        finals = pd.Series([_final_return(r) for r in per_run], dtype="float64")
+        row: dict[str, Any] = dict(zip(keys, group, strict=True))
+        row.update(
+            runs=len(per_run),
+            frames_per_s=float(steady["frames_per_s"].median()),
+            learner_busy=float(steady["learner_busy"].mean()),
+            policy_lag_mean=float(steady["policy_lag_mean"].mean()),
+            final_return=float(finals.mean()),
+            final_return_std=float(finals.std(ddof=1)) if finals.count() > 1 else math.nan,
+        )
+        if threshold is not None:
+            fr = pd.Series([frames_to_threshold(r, threshold) for r in per_run], dtype="float64")
+            sec = pd.Series([seconds_to_threshold(r, threshold) for r in per_run], dtype="float64")
+            row.update(
+                reached=int(fr.notna().sum()),
+                frames_to_threshold=float(fr.mean()),
+                seconds_to_threshold=float(sec.mean()),
+            )
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.attrs["threshold"] = threshold
+    return table
+
+
+def lag_summary(
+    df: pd.DataFrame, by: str | Sequence[str] = ("refresh_every", "correction")
+) -> pd.DataFrame:
+    """Measured policy lag per group over steady windows, for when no ``lag_hist.json``
+    exists: ``lag_mean`` and ``lag_p95`` (means of the per-window values) and ``lag_max``
+    (the largest lag seen)."""
+    keys = _keys(by)
+    rows = []
+    for group, gdf in df.groupby(keys, sort=True, dropna=False):
+        steady = pd.concat([_steady(r) for _, r in gdf.groupby("run", sort=True)])
+        row: dict[str, Any] = dict(zip(keys, group, strict=True))
+        row.update(
+            lag_mean=float(steady["policy_lag_mean"].mean()),
+            lag_p95=float(steady["policy_lag_p95"].mean()),
+            lag_max=float(steady["policy_lag_max"].max()),
+        )
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*keys, "lag_mean", "lag_p95", "lag_max"])
+
+
+def lag_histograms(
+    runs: Iterable[Run], by: str | Sequence[str] = ("refresh_every", "correction")
+) -> pd.DataFrame:
+    """The runs' ``lag_hist.json`` histograms summed per group, in long format.
+
+    Columns: the ``by`` keys (attributes of ``Run``), ``lag`` (the bin's value, or its left
+    edge when the file gives edges), ``width``, ``center`` (where to draw the bar: the value
+    itself, or the middle of the edges), ``count`` and ``fraction`` (of the group's samples).
+    Runs without a histogram are skipped; the result is empty when none has one.
+    """
+    keys = _keys(by)
+    rows = []
+    for run in runs:
+        if run.lag_hist is None:
+            continue
+        bins, counts = run.lag_hist["bins"], run.lag_hist["counts"]
+        if len(bins) == len(counts) + 1:
+            lefts, widths = bins[:-1], list(np.diff(bins))
+            centers = [a + w / 2 for a, w in zip(lefts, widths, strict=True)]
+        else:
+            lefts, widths, centers = bins, [1.0] * len(bins), bins  # one integer lag per bin
+        base = {key: getattr(run, key) for key in keys}
+        for lag, width, center, count in zip(lefts, widths, centers, counts, strict=True):
+            rows.append(
+                {**base, "lag": lag, "width": float(width), "center": center, "count": count}
+            )
+    cols = [*keys, "lag", "width", "center", "count", "fraction"]
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    bin_keys = [*keys, "lag", "width", "center"]
+    hist = pd.DataFrame(rows).groupby(bin_keys, as_index=False)["count"].sum()
+    total = hist.groupby(keys)["count"].transform("sum")
+    hist["fraction"] = hist["count"] / total.where(total > 0)
+    return hist[cols]
+
+
+def _label(row: pd.Series, keys: Sequence[str]) -> str:
+    name = str(row["algo"]) if "algo" in keys else ""
+    extra = [
+        ("V-trace" if row[k] else "no correction") if k == "correction" else f"{k}={row[k]}"
+        for k in keys
+        if k != "algo"
+    ]
+    if not extra:
+        return name
+    return f"{name} ({', '.join(extra)})" if name else ", ".join(extra)
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return "n/a"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _group_keys(summary: pd.DataFrame) -> list[str]:
+    known = {"algo", "env", "seed", "refresh_every", "correction"}
+    return [c for c in summary.columns if c in known]
+
+
+def conclusion(summary: pd.DataFrame, threshold: float | None = None) -> str:
+    """A short paragraph read off a ``summary_table``: nothing in it is hard-coded.
+
+    It names the fastest configuration in frames/s, the best final return, and, with a
+    threshold (given here or kept by ``summary_table``), who reached it in the fewest frames
+    and the least wall-clock time (runs that all got there rank before those that only
+    partly did). When the table holds IMPALA runs with and without V-trace, it compares their
+    final returns at each injected lag (``refresh_every``). A difference smaller than the
+    spread over seeds is called out as such: a few seeds cannot separate it.
+    """
+    if summary.empty:
+        return "No runs to compare."
+    if threshold is None:
+        threshold = summary.attrs.get("threshold")
+    keys = _group_keys(summary)
+    labels = {i: _label(row, keys) for i, row in summary.iterrows()}
+    seeds = summary["runs"] if "runs" in summary.columns else pd.Series(1, index=summary.index)
+    parts = []
+
+    fps = summary["frames_per_s"].dropna()
+    if len(fps) == 1:
+        i = fps.index[0]
+        parts.append(f"{labels[i]} ran at {_fmt(fps[i])} frames/s (median over steady windows).")
+    elif len(fps) > 1:
+        hi, lo = fps.idxmax(), fps.idxmin()
+        ratio = f"{fps[hi] / fps[lo]:.2g}x" if fps[lo] > 0 else "ahead of"
+        parts.append(
+            f"{labels[hi]} was the fastest at {_fmt(fps[hi])} frames/s (median over steady "
+            f"windows), {ratio} the slowest, {labels[lo]} ({_fmt(fps[lo])})."
+        )
+
+    fin = summary["final_return"].dropna()
+    if len(fin) == 0:
+        parts.append("No run finished an episode, so there is no return to compare.")
+    else:
+        best = fin.idxmax()
+        std = summary.loc[best, "final_return_std"] if "final_return_std" in summary else math.nan
+        spread = f" ± {_fmt(std)}" if math.isfinite(std) else ""
+        what = "the best final return" if len(fin) > 1 else "a final return"
+        parts.append(
+            f"{labels[best]} reached {what}: {_fmt(fin[best])}{spread} "
+            f"(mean of the last logged return over {int(seeds[best])} run(s))."
+        )
+
+    if threshold is not None and "frames_to_threshold" in summary.columns:
+        parts.append(_threshold_sentence(summary, labels, seeds, threshold))
+
+    lag = _lag_sentences(summary)
+    if lag:
+        parts.append(lag)
+    return " ".join(parts)
+
+
+def _threshold_sentence(
+    summary: pd.DataFrame, labels: dict[Any, str], seeds: pd.Series, threshold: float
+) -> str:
+    reached = summary[summary["reached"] > 0]
+    if reached.empty:
+        return f"No configuration reached a return of {_fmt(threshold)}."
+    # Rank by the share of seeds that got there first: a mean over the lucky seed of a group
+    # that mostly failed must not beat a group that always made it.
+    share = reached["reached"] / seeds[reached.index]
+
+    def best(column: str) -> Any:
+        ranked = reached.assign(_share=share).sort_values(
+            ["_share", column], ascending=[False, True]
+        )
+        return ranked.index[0]
+
+    f, s = best("frames_to_threshold"), best("seconds_to_threshold")
+
+    def how_many(i: Any) -> str:
+        return f"{int(summary.loc[i, 'reached'])}/{int(seeds[i])} runs"
+
+    text = (
+        f"To a return of {_fmt(threshold)}, {labels[f]} needed the fewest frames "
+        f"({_fmt(summary.loc[f, 'frames_to_threshold'])}, {how_many(f)})"
+    )
+    if s == f:
+        text += (
+            f" and the least wall-clock time ({_fmt(summary.loc[s, 'seconds_to_threshold'])} s)."
+        )
+    else:
+        text += (
+            f"; {labels[s]} the least wall-clock time "
+            f"({_fmt(summary.loc[s, 'seconds_to_threshold'])} s, {how_many(s)})."
+        )
+    missing = [labels[i] for i in summary.index if summary.loc[i, "reached"] == 0]
+    if missing:
+        text += f" Never reached it: {', '.join(missing)}."
+    return text
+
+
+def _lag_sentences(summary: pd.DataFrame) -> str:
+    if "correction" not in summary.columns or summary["correction"].nunique() < 2:
+        return ""
+    table = summary
+    if "algo" in table.columns and table["algo"].isin(IMPALA_ALGOS).any():
+        # a2c/a3c also run without correction, but on fresh data: not part of this ablation.
+        table = table[table["algo"].isin(IMPALA_ALGOS)]
+    if "refresh_every" not in table.columns:
+        table = table.assign(refresh_every=1)
+    clauses, gaps = [], {}
+    for k, kdf in table.groupby("refresh_every", sort=True):
+        on, off = kdf[kdf["correction"].astype(bool)], kdf[~kdf["correction"].astype(bool)]
+        if on.empty or off.empty:
+            continue
+        a, b = float(on["final_return"].mean()), float(off["final_return"].mean())
+        if not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        # The larger of the two seed spreads: a gap inside it is not a measured difference.
+        stds = pd.concat([on, off]).get("final_return_std", pd.Series(dtype="float64"))
+        noise = float(stds.max()) if stds.notna().any() else math.nan
+        diff = a - b
+        if math.isfinite(noise) and abs(diff) <= noise:
+            verdict = "within the spread over seeds"
+        else:
+            verdict = "higher" if diff > 0 else ("lower" if diff < 0 else "the same")
+            if "runs" in kdf.columns and min(on["runs"].sum(), off["runs"].sum()) < 2:
+                verdict += "; one seed, so no spread to judge it by"
+        lag = kdf["policy_lag_mean"].mean() if "policy_lag_mean" in kdf.columns else math.nan
+        measured = f", measured mean lag {_fmt(lag)}" if math.isfinite(lag) else ""
+        clauses.append(
+            f"at refresh_every={k}{measured}, V-trace {_fmt(a)} vs {_fmt(b)} without "
+            f"correction ({verdict})"
+        )
+        gaps[k] = diff
+    if not clauses:
+        return ""
+    text = "Final return with and without V-trace: " + "; ".join(clauses) + "."
+    if len(gaps) > 1:
+        lo, hi = min(gaps), max(gaps)
+        text += (
+            f" The gap (V-trace minus no correction) went from {_fmt(gaps[lo])} at "
+            f"refresh_every={lo} to {_fmt(gaps[hi])} at refresh_every={hi}."
+        )
+    return text
