@@ -34,6 +34,7 @@ class ActorHandles:
     counters: Tensor  # [num_actors, NUM_COUNTERS] int64, shared
     episodes: object  # mp.Queue of (actor_id, [(return, length), ...])
     stop: object  # mp.Event
+    start_version: int = 0  # the learner's version when these actors started (resume)
 
 
 def bounded_lag_version(global_unroll: int, envs_per_actor: int, batch_size: int, k: int) -> int:
@@ -123,7 +124,11 @@ def _run(
         g = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
         # Bounded lag acts with one exact version; otherwise with the newest one (re-read on
         # every retry: under history=1 a version can be overwritten before we get to copy it).
-        want = bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag) if bounded else None
+        want = (
+            h.start_version + bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag)
+            if bounded
+            else None
+        )
         # refresh_every=K > 1 keeps acting with old weights until the learner is K updates
         # ahead: policy lag injected on purpose (the V-trace ablation).
         stale = h.params.version - local_version >= cfg.refresh_every

@@ -392,10 +392,14 @@ def _steady(run_metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_keys(df: pd.DataFrame) -> list[str]:
-    """``algo``, plus ``refresh_every`` and ``correction`` when they vary across runs."""
+    """``algo``, plus ``refresh_every`` and ``correction`` when they vary within an algo.
+
+    Within, not across: a2c always runs without correction and impala with it, so in a
+    baselines sweep ``correction`` tells nothing ``algo`` does not already say.
+    """
     keys = ["algo"]
     for key in ("refresh_every", "correction"):
-        if key in df.columns and df[key].nunique(dropna=False) > 1:
+        if key in df.columns and (df.groupby("algo")[key].nunique(dropna=False) > 1).any():
             keys.append(key)
     return keys
 
@@ -509,7 +513,8 @@ def _label(row: pd.Series, keys: Sequence[str]) -> str:
     extra = [
         ("V-trace" if row[k] else "no correction") if k == "correction" else f"{k}={row[k]}"
         for k in keys
-        if k != "algo"
+        # impala_nocorrection already says it in its name
+        if k != "algo" and not (k == "correction" and name == "impala_nocorrection")
     ]
     if not extra:
         return name
@@ -550,6 +555,8 @@ def conclusion(summary: pd.DataFrame, threshold: float | None = None) -> str:
     if len(fps) == 1:
         i = fps.index[0]
         parts.append(f"{labels[i]} ran at {_fmt(fps[i])} frames/s (median over steady windows).")
+    elif fps.max() == fps.min():
+        parts.append(f"All {len(fps)} configurations ran at {_fmt(fps.max())} frames/s.")
     elif len(fps) > 1:
         hi, lo = fps.idxmax(), fps.idxmin()
         ratio = f"{fps[hi] / fps[lo]:.2g}x" if fps[lo] > 0 else "ahead of"
@@ -621,14 +628,17 @@ def _threshold_sentence(
 
 
 def _lag_sentences(summary: pd.DataFrame) -> str:
-    if "correction" not in summary.columns or summary["correction"].nunique() < 2:
-        return ""
     table = summary
     if "algo" in table.columns and table["algo"].isin(IMPALA_ALGOS).any():
         # a2c/a3c also run without correction, but on fresh data: not part of this ablation.
         table = table[table["algo"].isin(IMPALA_ALGOS)]
+        if "correction" not in table.columns:
+            # Grouped by algo alone (impala vs impala_nocorrection): the name says it.
+            table = table.assign(correction=table["algo"] == "impala")
+    if "correction" not in table.columns or table["correction"].nunique() < 2:
+        return ""
     if "refresh_every" not in table.columns:
-        table = table.assign(refresh_every=1)
+        table = table.assign(refresh_every=-1)  # not in the table: one unnamed setting
     clauses, gaps = [], {}
     for k, kdf in table.groupby("refresh_every", sort=True):
         on, off = kdf[kdf["correction"].astype(bool)], kdf[~kdf["correction"].astype(bool)]
@@ -649,9 +659,9 @@ def _lag_sentences(summary: pd.DataFrame) -> str:
                 verdict += "; one seed, so no spread to judge it by"
         lag = kdf["policy_lag_mean"].mean() if "policy_lag_mean" in kdf.columns else math.nan
         measured = f", measured mean lag {_fmt(lag)}" if math.isfinite(lag) else ""
+        where = f"at refresh_every={k}" if k != -1 else "at the table's one lag setting"
         clauses.append(
-            f"at refresh_every={k}{measured}, V-trace {_fmt(a)} vs {_fmt(b)} without "
-            f"correction ({verdict})"
+            f"{where}{measured}, V-trace {_fmt(a)} vs {_fmt(b)} without correction ({verdict})"
         )
         gaps[k] = diff
     if not clauses:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from impala_gpu.checkpoint import resolve_checkpoint
 from impala_gpu.config import Config, register_configs, save_config
 from impala_gpu.sweep import LAST_SWEEP_FAILURES, record_failure
 
@@ -43,11 +45,33 @@ def _sweep_info() -> tuple[str, dict[str, Any]]:
     return hc.runtime.output_dir, info
 
 
+def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
+    """The config a run was trained with, plus this command's scalar overrides (e.g. a larger
+    ``total_frames``), and the run dir to continue in."""
+    import torch
+
+    path = resolve_checkpoint(resume)
+    saved = torch.load(path, map_location="cpu", weights_only=False)["config"]
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment"}
+    scalar = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in groups]
+    skipped = sorted(set(overrides) - set(scalar))
+    if skipped:
+        print(
+            f"impala_gpu: resuming keeps the run's own groups; ignoring {skipped}", file=sys.stderr
+        )
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in scalar]))
+    cfg.resume = str(path)
+    return cfg, str(path.parent.parent)
+
+
 def run(dcfg: DictConfig) -> float:
     """One run (or one sweep point). Returns the final mean return, the sweepers' objective."""
-    cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     hydra_dir, sweep = _sweep_info()
-    run_dir = cfg.run_dir or hydra_dir
+    if dcfg.resume:
+        dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
+    cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
+    run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
     save_config(cfg, run_dir)
     algos = algo_registry()
     if cfg.algo.name not in algos:
@@ -70,11 +94,25 @@ def _hydra_main(dcfg: DictConfig) -> float:
     return run(dcfg)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (preemption, ``kill``): handled exactly like Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main() -> None:
-    # Hydra returns the objective for sweepers; the process exit code stays 0 on success.
+    # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         _hydra_main()
-    except KeyboardInterrupt:
-        print("impala_gpu: interrupted; actors stopped, shared memory freed.", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        print(
+            f"impala_gpu: {how}; checkpoint saved, actors stopped, shared memory freed.",
+            file=sys.stderr,
+        )
+        sys.exit(143 if isinstance(e, Terminated) else 130)
+    # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)

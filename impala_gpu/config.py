@@ -75,11 +75,19 @@ class WandbCfg:
 
 
 @dataclass
+class CheckpointCfg:
+    every_frames: int = 0  # save every N frames (0: off)
+    every_minutes: float = 10.0  # save every N minutes of wall-clock (0: off)
+    keep_last: int = 3  # periodic checkpoints kept (plus best.pt, the best mean return)
+
+
+@dataclass
 class Config:
     env: EnvCfg = field(default_factory=EnvCfg)
     model: ModelCfg = field(default_factory=ModelCfg)
     algo: AlgoCfg = field(default_factory=AlgoCfg)
     wandb: WandbCfg = field(default_factory=WandbCfg)
+    checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
 
     total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
     max_seconds: float = 0.0  # also stop after this much wall-clock time (0: no limit)
@@ -99,6 +107,8 @@ class Config:
     progress: bool = True  # live console progress line
     run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir
     start_method: str = "spawn"  # multiprocessing start method for actors: spawn | forkserver
+    resume: str | None = None  # a run dir or checkpoint .pt to continue, in its own run dir
+    max_nonfinite_updates: int = 10  # consecutive NaN/inf updates (skipped) before the run stops
 
 
 def register_configs() -> None:

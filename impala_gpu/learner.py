@@ -260,6 +260,7 @@ STAT_NAMES = (
     "clipped_rho_fraction",
     "clipped_pg_rho_fraction",
     "mean_rho",
+    "nonfinite",
 )
 
 
@@ -292,7 +293,12 @@ def train_step(
     loss.total.backward()
     max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
+    finite = torch.isfinite(grad_norm) & torch.isfinite(loss.total.detach())
+    # A NaN/inf step is skipped, never applied: one sync, paid anyway when stats are read.
+    if bool(finite):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
     return torch.stack(
         [
             loss.total.detach(),
@@ -304,5 +310,6 @@ def train_step(
             loss.clipped_rho_fraction,
             loss.clipped_pg_rho_fraction,
             loss.mean_rho,
+            (~finite).to(grad_norm.dtype),
         ]
     ).float()

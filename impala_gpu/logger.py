@@ -26,7 +26,13 @@ def _jsonable(v: Any) -> Any:
 class MetricsLogger:
     """Append-only JSONL writer plus optional W&B run. Safe to use as a context manager."""
 
-    def __init__(self, run_dir: str | Path, cfg: Config, sweep: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cfg: Config,
+        sweep: dict[str, Any] | None = None,
+        resume_id: str | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -36,7 +42,7 @@ class MetricsLogger:
         if cfg.wandb.mode not in WANDB_MODES:
             raise ValueError(f"wandb.mode={cfg.wandb.mode!r} is not one of {WANDB_MODES}.")
         if cfg.wandb.mode != "disabled":
-            self.wandb_run = _init_wandb(self.run_dir, cfg, sweep or {})
+            self.wandb_run = _init_wandb(self.run_dir, cfg, sweep or {}, resume_id)
 
     def log(
         self, metrics: dict[str, Any], histograms: dict[str, list[float]] | None = None
@@ -70,8 +76,12 @@ class MetricsLogger:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
 
-def _init_wandb(run_dir: Path, cfg: Config, sweep: dict[str, Any]):
+
+def _init_wandb(run_dir: Path, cfg: Config, sweep: dict[str, Any], resume_id: str | None):
     import wandb
 
     mode = cfg.wandb.mode
@@ -86,6 +96,8 @@ def _init_wandb(run_dir: Path, cfg: Config, sweep: dict[str, Any]):
         dir=str(run_dir),
         reinit="finish_previous",
     )
+    if resume_id:  # a resumed run continues the same W&B run
+        kwargs.update(id=resume_id, resume="allow")
     os.environ.setdefault("WANDB_SILENT", "true")
     if mode == "online":
         try:

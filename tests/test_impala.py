@@ -23,13 +23,28 @@ def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def _mapped_shm() -> set[str]:
+    """Names under /dev/shm that some live process has mapped (so it is still in use)."""
+    names = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(
+                    line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line
+                )
+        except OSError:
+            continue
+    return names
+
+
 def leaked_shm(before: set[str]) -> set[str]:
-    """Segments created since ``before`` that persist (semaphores live in /dev/shm for an
-    instant while multiprocessing creates them, so look twice)."""
+    """Segments created since ``before`` that persist and that no live process uses: a
+    segment still mapped belongs to something else running on this machine right now."""
     new = shm_entries() - before
     if new:
         time.sleep(1.0)
         new &= shm_entries()
+        new -= _mapped_shm()
     return new
 
 

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,11 @@ class HogwildStep:
     def __init__(self, local: nn.Module, shared: nn.Module, optimizer: torch.optim.Optimizer):
         self.pairs = list(zip(local.parameters(), shared.parameters(), strict=True))
         self.optimizer = optimizer
+        # Model and optimizer must arrive in one pickle (one Process's args), which keeps the
+        # optimizer's params the very objects we set .grad on; else its step would skip them all.
+        opt_params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if opt_params != {id(p) for p in shared.parameters()}:
+            raise RuntimeError("the shared optimizer does not hold the shared model's parameters")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for local, _ in self.pairs:
@@ -201,7 +207,18 @@ def worker_main(
         env.close()
 
 
-def _work(worker_id, cfg, spec, shared_model, optimizer, h: WorkerHandles, seed, env, parent):
+def _work(
+    worker_id: int,
+    cfg: Config,
+    spec: EnvSpec,
+    shared_model: Policy,
+    optimizer: torch.optim.Optimizer,
+    h: WorkerHandles,
+    seed: int,
+    env,
+    parent: int,
+) -> None:
+    """Copy the shared weights, roll out T steps, step the shared model; until told to stop."""
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
     rollout = Rollout(env, cfg, spec, seed)
     hogwild = HogwildStep(model, shared_model, optimizer)
@@ -323,11 +340,14 @@ class Rollout:
 # -- main process -------------------------------------------------------------------------------
 
 
-def monitor(cfg: Config, spec: EnvSpec, h: WorkerHandles, workers, logger) -> dict[str, Any]:
-    """Gather reports and log until ``total_frames`` (or ``max_seconds``); then stop the workers
-    and log the final line. Returns the last logged metrics."""
+def monitor(
+    cfg: Config, spec: EnvSpec, h: WorkerHandles, workers: list[BaseProcess], logger: MetricsLogger
+) -> dict[str, Any]:
+    """Gather reports and log until ``total_frames`` (or ``max_seconds``); then signal stop,
+    gather the last reports and log the final line. Returns the last logged metrics."""
     tele = Telemetry(STAT_NAMES, cuda=False)
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
+    steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     start = time.perf_counter()
     deadline = start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
     last_log, prev_steps, received = start, 0, 0
@@ -341,7 +361,6 @@ def monitor(cfg: Config, spec: EnvSpec, h: WorkerHandles, workers, logger) -> di
         )
         tele.add_episodes(episodes)
 
-    steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     try:
         while True:
             _drain(h.reports, on_report, timeout=0.1)
@@ -356,11 +375,12 @@ def monitor(cfg: Config, spec: EnvSpec, h: WorkerHandles, workers, logger) -> di
                 m.update(_counter_metrics(cfg, spec, h.counters, prev_steps, m["window_s"]))
                 m.update(elapsed_s=time.perf_counter() - start, time=time.time())
                 logger.log(m, hist)
+                logger.write_json("lag_hist.json", tele.lag_histogram())  # the whole run's lags
                 bar.update(m["frames"], m)
                 last_log, prev_steps = now, m["agent_steps"]
+            _check_workers(workers)  # also at the end: a crash is no clean finish
             if done:
                 return m
-            _check_workers(workers)
     except KeyboardInterrupt:
         bar.note("interrupted: stopping workers, saving weights")
         raise
@@ -368,7 +388,9 @@ def monitor(cfg: Config, spec: EnvSpec, h: WorkerHandles, workers, logger) -> di
         bar.close()
 
 
-def _counter_metrics(cfg, spec, counters: Tensor, prev_steps: int, window_s: float) -> dict:
+def _counter_metrics(
+    cfg: Config, spec: EnvSpec, counters: Tensor, prev_steps: int, window_s: float
+) -> dict[str, Any]:
     c = counters.numpy().copy()
     steps = int(c[:, STEPS].sum())
     frames = steps * spec.frames_per_step
@@ -400,7 +422,13 @@ def _drain(reports, on_report: Callable[[Report], None] | None, timeout: float) 
             on_report(r)
 
 
-def _await_last_reports(workers, h: WorkerHandles, on_report, received, timeout=5.0) -> None:
+def _await_last_reports(
+    workers: list[BaseProcess],
+    h: WorkerHandles,
+    on_report: Callable[[Report], None],
+    received: Callable[[], int],
+    timeout: float = 5.0,
+) -> None:
     """After ``stop``: wait until every worker has left its loop (or died) and every update it
     counted has been reported. Cheaper than a join, which also waits for interpreter teardown."""
     deadline = time.monotonic() + timeout
@@ -411,14 +439,19 @@ def _await_last_reports(workers, h: WorkerHandles, on_report, received, timeout=
         _drain(h.reports, on_report, timeout=0.05)
 
 
-def _check_workers(workers) -> None:
+def _check_workers(workers: list[BaseProcess]) -> None:
     dead = [p for p in workers if p.exitcode not in (None, 0)]
     if dead:
         desc = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
         raise RuntimeError(f"worker process died: {desc}")
 
 
-def stop_workers(workers, h: WorkerHandles, on_report=None, timeout: float = 10.0) -> None:
+def stop_workers(
+    workers: list[BaseProcess],
+    h: WorkerHandles,
+    on_report: Callable[[Report], None] | None = None,
+    timeout: float = 10.0,
+) -> None:
     """Stop, join (terminate stragglers), idempotent. Reports are drained while waiting: a
     process does not exit before its queue's buffered items are in the pipe."""
     h.stop.set()

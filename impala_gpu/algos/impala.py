@@ -18,7 +18,17 @@ import torch
 import torch.multiprocessing as mp
 
 from impala_gpu.actor import IDLE_NS, NUM_COUNTERS, STEPS, ActorHandles, actor_main
-from impala_gpu.config import Config
+from impala_gpu.checkpoint import (
+    Checkpointer,
+    CheckpointPolicy,
+    atomic_torch_save,
+    count_lines,
+    resolve_checkpoint,
+    rng_state,
+    set_rng_state,
+    truncate_lines,
+)
+from impala_gpu.config import Config, to_container
 from impala_gpu.envs import derive_seeds, env_spec
 from impala_gpu.learner import (
     STAT_NAMES,
@@ -33,14 +43,16 @@ from impala_gpu.params import ParamStore
 from impala_gpu.progress import Progress
 from impala_gpu.ring import RingSpec, TrajectoryRing, numpy_to_torch_dtype
 from impala_gpu.telemetry import Telemetry
-from impala_gpu.validate import resolve_device, resolve_num_slots, validate_config
+from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
 
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train with IMPALA. Returns the last logged metrics."""
+    """Train with IMPALA (or resume, when ``cfg.resume`` names a checkpoint). Returns the last
+    logged metrics."""
     validate_config(cfg)
     device = resolve_device(cfg.device)
     spec = env_spec(cfg.env)
+    run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
     # A CPU learner is the bottleneck on small boxes: it gets every core and shares them with
     # the actors (measured faster than cores - actors here). A CUDA learner needs few threads.
@@ -48,6 +60,15 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     torch.set_num_threads(threads)
 
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
+    optimizer = make_optimizer(model, cfg.algo)
+    frames_per_update = cfg.batch_size * cfg.unroll_length * spec.frames_per_step
+    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
+    tele = Telemetry(STAT_NAMES, device.type == "cuda")
+    st = LoopState()
+    resumed = restore(cfg.resume, model, optimizer, scheduler, st, tele) if cfg.resume else {}
+    if resumed:
+        truncate_lines(run_dir / "metrics.jsonl", resumed["metrics_lines"])
+
     ctx = mp.get_context(cfg.start_method)
     ring = TrajectoryRing(
         RingSpec(
@@ -62,15 +83,17 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     )
     bounded = cfg.bounded_lag is not None
     params = ParamStore.for_model(model, history=(cfg.bounded_lag + 2) if bounded else 1)
-    params.publish(model, version=0)
+    params.publish(model, version=st.version)
     handles = ActorHandles(
         ring=ring,
         params=params,
         counters=torch.zeros(cfg.num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_(),
         episodes=ctx.Queue(),
         stop=ctx.Event(),
+        start_version=st.version,
     )
-    seeds = derive_seeds(cfg.seed, cfg.num_actors)
+    # A resumed run must not replay the trajectories it already learned from.
+    seeds = derive_seeds(cfg.seed, cfg.num_actors, salt=st.resumes)
     actors = [
         ctx.Process(
             target=actor_main,
@@ -80,7 +103,37 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         )
         for i in range(cfg.num_actors)
     ]
-    logger = MetricsLogger(run_dir, cfg, sweep)
+    logger = MetricsLogger(run_dir, cfg, sweep, resume_id=resumed.get("wandb_id"))
+    checkpointer = Checkpointer(
+        run_dir,
+        CheckpointPolicy(
+            cfg.checkpoint.every_frames, cfg.checkpoint.every_minutes, cfg.checkpoint.keep_last
+        ),
+        frames=st.frames,
+    )
+    checkpointer.best_return = resumed.get("best_return", float("-inf"))
+
+    def save_checkpoint() -> Path:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "version": st.version,
+            "frames": st.frames,
+            "elapsed_s": time.perf_counter() - st.start,
+            "resumes": st.resumes,
+            "rng": rng_state(),
+            "config": to_container(cfg),
+            "metrics_lines": count_lines(logger.path),
+            "wandb_id": logger.wandb_id,
+            "episode_returns": list(tele.episode_returns),
+            "episode_lengths": list(tele.episode_lengths),
+            "episodes": tele.episodes,
+            "lag_counts": tele.lag_counts,
+        }
+        mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
+        return checkpointer.save(state, st.frames, mean_return)
+
     batcher = None
     try:
         for p in actors:
@@ -89,19 +142,36 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             ring,
             cfg.batch_size,
             device,
-            learner_version=lambda: version,
+            learner_version=lambda: st.version,
             max_policy_lag=cfg.max_policy_lag,
             ordered_unrolls_per_batch=cfg.batch_size // cfg.envs_per_actor if bounded else 0,
             envs_per_actor=cfg.envs_per_actor,
         )
-        version = 0
         batcher.start()
+        loop = Loop(
+            cfg,
+            model,
+            optimizer,
+            scheduler,
+            tele,
+            st,
+            batcher,
+            params,
+            handles,
+            actors,
+            logger,
+            checkpointer,
+            save_checkpoint,
+            spec.frames_per_step,
+        )
         try:
-            last = learn(cfg, model, spec.frames_per_step, batcher, params, handles, actors, logger)
+            last = learn(loop)
         except KeyboardInterrupt:
-            save_weights(model, Path(run_dir) / "model.pt")  # Ctrl-C keeps the work done so far
+            save_checkpoint()  # Ctrl-C / SIGTERM keeps the work done so far
+            save_weights(model, run_dir / "model.pt")
             raise
-        save_weights(model, Path(run_dir) / "model.pt")
+        save_checkpoint()
+        save_weights(model, run_dir / "model.pt")
         return last
     finally:
         handles.stop.set()
@@ -113,36 +183,80 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         ring.close()
 
 
+def restore(resume: str, model, optimizer, scheduler, st: LoopState, tele: Telemetry) -> dict:
+    """Load a checkpoint into the learner's objects; returns the checkpoint dict."""
+    path = resolve_checkpoint(resume)
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise ConfigError(
+            f"checkpoint {path} holds a different model than this config builds "
+            f"(model.*/env.* changed?): {str(e).splitlines()[0]} Fix: resume with the config the "
+            "run was trained with (omit model/env overrides)."
+        ) from e
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    set_rng_state(ckpt["rng"])
+    st.version, st.frames = ckpt["version"], ckpt["frames"]
+    st.start = time.perf_counter() - ckpt["elapsed_s"]
+    st.resumes = ckpt["resumes"] + 1
+    tele.episode_returns.extend(ckpt["episode_returns"])
+    tele.episode_lengths.extend(ckpt["episode_lengths"])
+    tele.episodes = ckpt["episodes"]
+    tele.lag_counts = np.asarray(ckpt["lag_counts"], dtype=np.int64)
+    print(f"impala_gpu: resumed from {path} at {st.frames:,} frames (update {st.version})")
+    return ckpt
+
+
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Atomic write (temp file, then rename): a crash never leaves a half-written file."""
-    tmp = path.with_suffix(".tmp")
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-    os.replace(tmp, path)
+    """Final weights alone (state_dict on CPU), written atomically."""
+    atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
 
 
 @dataclass
-class _Progress:
-    """Counters the train loop carries between updates and log lines."""
+class LoopState:
+    """Counters the train loop carries between updates, log lines and checkpoints."""
 
     start: float = field(default_factory=time.perf_counter)
     version: int = 0
     frames: int = 0
+    resumes: int = 0
+    nonfinite_streak: int = 0
     actor_steps: int = 0
     actor_idle_ns: np.ndarray | None = None
 
 
-def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger) -> dict[str, Any]:
-    """The train loop: wait for a batch, update, publish, log. Stops at ``total_frames``
-    (or ``max_seconds``)."""
+@dataclass
+class Loop:
+    """Everything ``learn`` works with, built by ``train``."""
+
+    cfg: Config
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    tele: Telemetry
+    st: LoopState
+    batcher: Batcher
+    params: ParamStore
+    handles: ActorHandles
+    actors: list
+    logger: MetricsLogger
+    checkpointer: Checkpointer
+    save_checkpoint: Any
+    frames_per_step: int
+
+
+def learn(L: Loop) -> dict[str, Any]:
+    """The train loop: wait for a batch, update, publish, log, checkpoint. Stops at
+    ``total_frames`` (or ``max_seconds``)."""
+    cfg, st, tele, batcher = L.cfg, L.st, L.tele, L.batcher
     steps_per_update = cfg.batch_size * cfg.unroll_length
-    frames_per_update = steps_per_update * frames_per_step
-    optimizer = make_optimizer(model, cfg.algo)
-    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
-    tele = Telemetry(STAT_NAMES, batcher.cuda)
+    frames_per_update = steps_per_update * L.frames_per_step
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
-    st = _Progress()
-    deadline = st.start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
-    last_log, last = st.start, {}
+    run_start = time.perf_counter()
+    deadline = run_start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
+    last_log, last = run_start, {}
     try:
         while st.frames < cfg.total_frames and time.perf_counter() < deadline:
             t0 = time.perf_counter()
@@ -150,41 +264,55 @@ def learn(cfg, model, frames_per_step, batcher, params, handles, actors, logger)
             t1 = time.perf_counter()
             tele.window.wait_s += t1 - t0
             if got is None:
-                _check_actors(actors)
+                _check_actors(L.actors)
                 continue
             k, batch = got
             timer = _GpuTimer() if batcher.cuda else None
-            stats = train_step(model, optimizer, batch, cfg.algo)
+            stats = train_step(L.model, L.optimizer, batch, cfg.algo)
             if timer is not None:
                 tele.window.gpu_events.append(timer.stop())
             stats_np = stats.cpu().numpy()  # the one host-device sync per update
             tele.window.busy_s += time.perf_counter() - t1
             lags = (st.version - batch.versions).numpy()
             batcher.done(k)
-            scheduler.step()
+            _guard_nonfinite(L, stats_np)
+            L.scheduler.step()
             st.version += 1
-            batcher.learner_version = lambda v=st.version: v
             st.frames += frames_per_update
             tele.add_update(stats_np, lags, frames_per_update, steps_per_update)
             if st.version % cfg.publish_interval == 0:
-                params.publish(model, st.version)
+                L.params.publish(L.model, st.version)
 
             now = time.perf_counter()
-            if (
-                now - last_log >= cfg.log_interval_s
-                or st.frames >= cfg.total_frames
-                or now >= deadline
-            ):
-                last = _log(cfg, st, tele, logger, handles, batcher, optimizer)
+            done = st.frames >= cfg.total_frames or now >= deadline
+            if now - last_log >= cfg.log_interval_s or done:
+                last = _log(L)
                 bar.update(st.frames, last)
                 last_log = now
-                _check_actors(actors)
+                _check_actors(L.actors)
+            if not done and L.checkpointer.due(st.frames):
+                L.save_checkpoint()
     except KeyboardInterrupt:
-        bar.note("interrupted: saving weights, stopping actors, freeing shared memory")
+        bar.note("interrupted: saving a checkpoint, stopping actors, freeing shared memory")
         raise
     finally:
         bar.close()
     return last
+
+
+def _guard_nonfinite(L: Loop, stats_np: np.ndarray) -> None:
+    """Skipped NaN/inf updates are counted; too many in a row stop the run (weights intact)."""
+    if stats_np[STAT_NAMES.index("nonfinite")] == 0:
+        L.st.nonfinite_streak = 0
+        return
+    L.st.nonfinite_streak += 1
+    if L.st.nonfinite_streak >= L.cfg.max_nonfinite_updates:
+        path = L.save_checkpoint()  # the skipped updates never touched the weights
+        raise FloatingPointError(
+            f"{L.st.nonfinite_streak} consecutive updates had a non-finite loss or gradient "
+            f"(skipped, last good state saved to {path}). Fix: lower algo.learning_rate, check "
+            "rewards/observations for NaN, or raise max_nonfinite_updates."
+        )
 
 
 class _GpuTimer:
@@ -200,31 +328,32 @@ class _GpuTimer:
         return self.begin, self.end
 
 
-def _log(cfg, st: _Progress, tele, logger, handles, batcher, optimizer) -> dict[str, Any]:
-    _drain_episodes(handles.episodes, tele)
+def _log(L: Loop) -> dict[str, Any]:
+    st, tele = L.st, L.tele
+    _drain_episodes(L.handles.episodes, tele)
     window_s = max(time.perf_counter() - tele.window.start, 1e-9)
     m, hist = tele.flush()
-    counters = handles.counters.numpy().copy()
+    counters = L.handles.counters.numpy().copy()
     actor_steps = int(counters[:, STEPS].sum())
     idle_ns = counters[:, IDLE_NS].astype(np.float64)
     idle_prev = st.actor_idle_ns if st.actor_idle_ns is not None else np.zeros_like(idle_ns)
     m.update(
         frames=st.frames,
-        agent_steps=st.version * cfg.batch_size * cfg.unroll_length,
+        agent_steps=st.frames // L.frames_per_step,
         updates=st.version,
         elapsed_s=time.perf_counter() - st.start,
         actor_steps=actor_steps,
         actor_steps_per_s=(actor_steps - st.actor_steps) / window_s,
         actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / window_s),
-        ring_occupancy=batcher.ring.occupancy(),
-        dropped_stale=batcher.dropped_stale,
-        batcher_gather_s=batcher.gather_s,
-        lr=optimizer.param_groups[0]["lr"],
+        ring_occupancy=L.batcher.ring.occupancy(),
+        dropped_stale=L.batcher.dropped_stale,
+        batcher_gather_s=L.batcher.gather_s,
+        lr=L.optimizer.param_groups[0]["lr"],
         time=time.time(),
     )
     st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
-    logger.log(m, hist)
-    logger.write_json("lag_hist.json", tele.lag_histogram())
+    L.logger.log(m, hist)
+    L.logger.write_json("lag_hist.json", tele.lag_histogram())
     return m
 
 

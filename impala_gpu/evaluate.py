@@ -1,0 +1,162 @@
+"""Evaluate a checkpoint over full games (not lives), greedily or by sampling, optionally with
+video:
+
+    python -m impala_gpu.evaluate checkpoint=runs/.../ episodes=10
+    python -m impala_gpu.evaluate checkpoint=runs/.../checkpoints/best.pt greedy=true video=true
+
+Writes ``eval.json`` (and ``videos/*.mp4``) into the checkpoint's run dir; logs to W&B when
+``wandb_mode`` is not ``disabled``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import MISSING, OmegaConf
+
+from impala_gpu.checkpoint import resolve_checkpoint
+from impala_gpu.config import Config
+from impala_gpu.envs import env_spec, make_env
+from impala_gpu.models import build_model
+from impala_gpu.validate import ConfigError
+
+
+@dataclass
+class EvalCfg:
+    checkpoint: str = MISSING  # a run dir (its latest checkpoint) or a .pt checkpoint file
+    episodes: int = 10  # full games to play
+    greedy: bool = False  # argmax actions instead of sampling from the policy
+    video: bool = False  # record mp4s with gymnasium's RecordVideo into <run_dir>/videos
+    seed: int = 12345  # env and sampling seed
+    max_steps: int = 0  # cap agent steps per episode (0: the env's own time limit)
+    wandb_mode: str = "disabled"  # offline | online | disabled
+
+
+def load_policy(path: Path, device: str = "cpu") -> tuple[torch.nn.Module, Config]:
+    """The checkpoint's model (eval mode) and the config it was trained with."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if "config" not in ckpt or "model" not in ckpt:
+        raise ConfigError(f"{path} is not an impala_gpu checkpoint (no 'config'/'model').")
+    cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"]))
+    spec = env_spec(cfg.env)
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise ConfigError(f"{path}: weights don't fit the saved model config: {e}") from e
+    return model.to(device).eval(), cfg
+
+
+def play(model, cfg: Config, ev: EvalCfg, video_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Play ``ev.episodes`` full games; returns one dict per episode (raw return, length)."""
+    # Evaluation is over whole games: a life loss must not end an episode.
+    env_cfg = dataclasses.replace(cfg.env, episodic_life=False)
+    env = make_env(env_cfg, render_mode="rgb_array" if video_dir else None)
+    if video_dir is not None:
+        import gymnasium as gym
+
+        env = gym.wrappers.RecordVideo(
+            env,
+            str(video_dir),
+            episode_trigger=lambda _: True,
+            name_prefix="eval",
+            disable_logger=True,
+        )
+    gen = torch.Generator().manual_seed(ev.seed)
+    device = next(model.parameters()).device
+    results = []
+    try:
+        for ep in range(ev.episodes):
+            obs, _ = env.reset(seed=ev.seed + ep)
+            state = model.initial_state(1, device)
+            first = torch.ones(1, 1, dtype=torch.bool, device=device)
+            ret, steps, done, truncated = 0.0, 0, False, False
+            while not done:
+                x = torch.as_tensor(np.asarray(obs), device=device)[None, None]
+                with torch.no_grad():
+                    out = model(x, first, state)
+                state = out.core_state  # the LSTM state is carried across the whole game
+                logits = out.logits[0, 0].float().cpu()
+                if ev.greedy:
+                    action = int(logits.argmax())
+                else:
+                    action = int(torch.multinomial(logits.softmax(-1), 1, generator=gen))
+                obs, reward, term, trunc, _ = env.step(action)
+                ret += float(reward)
+                steps += 1
+                first = torch.zeros_like(first)
+                truncated = bool(trunc) or (ev.max_steps > 0 and steps >= ev.max_steps)
+                done = bool(term) or truncated
+            results.append({"episode": ep, "return": ret, "length": steps, "truncated": truncated})
+    finally:
+        env.close()
+    return results
+
+
+def evaluate(ev: EvalCfg) -> dict[str, Any]:
+    path = resolve_checkpoint(ev.checkpoint)
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    model, cfg = load_policy(path)
+    video_dir = run_dir / "videos" if ev.video else None
+    episodes = play(model, cfg, ev, video_dir)
+    returns = np.array([e["return"] for e in episodes])
+    summary = {
+        "checkpoint": str(path),
+        "env": cfg.env.id,
+        "episodes": len(episodes),
+        "greedy": ev.greedy,
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "per_episode": episodes,
+        "videos": sorted(str(p) for p in video_dir.glob("*.mp4")) if video_dir else [],
+    }
+    (run_dir / "eval.json").write_text(json.dumps(summary, indent=2))
+    if ev.wandb_mode != "disabled":
+        _log_wandb(ev, cfg, run_dir, summary)
+    return summary
+
+
+def _log_wandb(ev: EvalCfg, cfg: Config, run_dir: Path, summary: dict[str, Any]) -> None:
+    import wandb
+
+    run = wandb.init(
+        mode=ev.wandb_mode,
+        project=cfg.wandb.project,
+        entity=cfg.wandb.entity,
+        job_type="eval",
+        dir=str(run_dir),
+        config={"eval": dataclasses.asdict(ev)},
+    )
+    data: dict[str, Any] = {
+        "eval/return_mean": summary["return_mean"],
+        "eval/return_std": summary["return_std"],
+    }
+    for i, video in enumerate(summary["videos"]):
+        data[f"eval/video_{i}"] = wandb.Video(video, format="mp4")
+    run.log(data)
+    run.finish()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = sys.argv[1:] if argv is None else argv
+    ev: EvalCfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(EvalCfg), OmegaConf.from_dotlist(args))
+    )
+    summary = evaluate(ev)
+    mode = "greedy" if ev.greedy else "sampled"
+    print(
+        f"{summary['env']}: return {summary['return_mean']:.2f} ± {summary['return_std']:.2f} "
+        f"over {summary['episodes']} full episodes ({mode}); {Path(summary['checkpoint'])}"
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Evaluation of a checkpoint: full games, greedy or sampled, LSTM state carried, video."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from impala_gpu.checkpoint import atomic_torch_save
+from impala_gpu.config import Config, EnvCfg, ModelCfg, to_container
+from impala_gpu.envs import env_spec
+from impala_gpu.evaluate import EvalCfg, evaluate, main
+from impala_gpu.models import build_model
+from impala_gpu.validate import ConfigError
+
+
+def make_checkpoint(run_dir, env_id="CartPole-v1", model=None):
+    cfg = Config(env=EnvCfg(id=env_id), model=model or ModelCfg(name="auto", hidden_size=32))
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    net = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    path = run_dir / "checkpoints" / "ckpt_000000001000.pt"
+    atomic_torch_save({"model": net.state_dict(), "config": to_container(cfg)}, path)
+    return path
+
+
+def test_cartpole_greedy_and_sampled_with_lstm(tmp_path):
+    make_checkpoint(
+        tmp_path, model=ModelCfg(name="mlp", hidden_size=16, use_lstm=True, lstm_size=8)
+    )
+    greedy = main([f"checkpoint={tmp_path}", "episodes=3", "greedy=true"])
+    assert greedy["episodes"] == 3 and greedy["greedy"] is True
+    lengths = [e["length"] for e in greedy["per_episode"]]
+    assert all(1 <= n <= 500 for n in lengths)
+    # CartPole's reward is 1 per step: the return of a full episode is its length.
+    assert [e["return"] for e in greedy["per_episode"]] == [float(n) for n in lengths]
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["return_mean"] == pytest.approx(sum(lengths) / 3)
+    again = main([f"checkpoint={tmp_path}", "episodes=3", "greedy=true"])
+    assert again["per_episode"] == greedy["per_episode"], "same seed, same games"
+
+
+def test_pong_video_is_recorded(tmp_path):
+    pytest.importorskip("moviepy")
+    make_checkpoint(tmp_path, env_id="ALE/Pong-v5", model=ModelCfg(name="shallow"))
+    out = evaluate(EvalCfg(checkpoint=str(tmp_path), episodes=1, video=True, max_steps=40))
+    assert out["per_episode"][0]["length"] == 40 and out["per_episode"][0]["truncated"]
+    assert len(out["videos"]) == 1 and (tmp_path / "videos").is_dir()
+    assert len(list((tmp_path / "videos").glob("*.mp4"))) == 1
+
+
+def test_bad_inputs_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main([f"checkpoint={tmp_path / 'missing'}"])
+    with pytest.raises(Exception, match="checkpoint"):
+        main(["episodes=2"])  # no checkpoint given
+    bogus = tmp_path / "bogus.pt"
+    torch.save({"weights": 1}, bogus)
+    with pytest.raises(ConfigError, match="not an impala_gpu checkpoint"):
+        main([f"checkpoint={bogus}"])
