@@ -29,7 +29,13 @@ from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learner import Batch, Batcher, make_optimizer, train_step  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.ring import STEP_FIELDS, RingSpec, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
+from impala_gpu.ring import (  # noqa: E402
+    STEP_FIELDS,
+    RingSpec,
+    SlotManager,
+    TrajectoryRing,
+    numpy_to_torch_dtype,
+)
 from impala_gpu.validate import resolve_device  # noqa: E402
 
 
@@ -50,17 +56,17 @@ def random_slot(ring: TrajectoryRing, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def feed(ring: TrajectoryRing, stop, seed: int) -> None:
-    """A feeder: refill free slots with a fixed trajectory (a memcpy per field)."""
+def feed(ring: TrajectoryRing, stop, index: int) -> None:
+    """A feeder: refill its free slots with a fixed trajectory (a memcpy per field)."""
     torch.set_num_threads(1)
-    data = random_slot(ring, seed)
+    data = random_slot(ring, index)
     while not stop.is_set():
-        slot = ring.acquire(timeout=0.1)
-        if slot is None:
+        item = ring.acquire(index, timeout=0.1)
+        if item is None:
             continue
         for name, t in ring.fields.items():
-            t[slot].copy_(data[name])
-        ring.commit(slot)
+            t[item[0]].copy_(data[name])
+        ring.commit(item)
 
 
 def synthetic_batch(ring: TrajectoryRing, B: int, device: torch.device) -> Batch:
@@ -134,15 +140,17 @@ def main() -> None:
     B, T = args.batch_size, args.unroll_length
     ring = TrajectoryRing(
         RingSpec(4 * B, T, spec.obs_shape, numpy_to_torch_dtype(spec.obs_dtype), spec.num_actions),
+        args.feeders,
         ctx,
     )
+    slots = SlotManager(ring)
     stop = ctx.Event()
     feeders = [
         ctx.Process(target=feed, args=(ring, stop, i), daemon=True) for i in range(args.feeders)
     ]
     for p in feeders:
         p.start()
-    batcher = Batcher(ring, B, device, learner_version=lambda: 0)
+    batcher = Batcher(ring, slots, B, device, learner_version=lambda: 0)
     batcher.start()
     batch = synthetic_batch(ring, B, device)
     synth, fed = [], []

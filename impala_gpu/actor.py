@@ -8,6 +8,7 @@ import os
 import queue
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,7 @@ class ActorHandles:
     ring: TrajectoryRing
     params: ParamStore
     counters: Tensor  # [num_actors, NUM_COUNTERS] int64, shared
-    episodes: object  # mp.Queue of (actor_id, [(return, length), ...])
+    episodes: object  # mp.Queue of ("episodes", actor, [(return, length)]) | ("error", actor, tb)
     stop: object  # mp.Event
     start_version: int = 0  # the learner's version when these actors started (resume)
 
@@ -54,8 +55,10 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     parent = os.getppid()
-    env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
+    handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    env = None
     try:
+        env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
         _run(
             actor_id,
             cfg,
@@ -63,13 +66,22 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
             handles,
             seed,
             env,
-            should_stop=lambda: _should_stop(handles, parent),
+            should_stop=lambda: _should_stop(handles, parent, actor_id),
         )
+    except Exception:
+        # Tell the learner why, then die: it logs the cause and starts a replacement.
+        handles.episodes.put(("error", actor_id, traceback.format_exc()))
+        time.sleep(0.2)  # let the queue's feeder thread flush before the process exits
+        raise
     finally:
-        env.close()
+        if env is not None:
+            env.close()
 
 
-def _should_stop(handles: ActorHandles, parent: int) -> bool:
+def _should_stop(handles: ActorHandles, parent: int, actor_id: int) -> bool:
+    """Polled wherever the actor loops or waits; so it also beats the heartbeat (waiting for a
+    slot or a version is not hanging)."""
+    handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
     return handles.stop.is_set() or os.getppid() != parent
 
 
@@ -108,18 +120,16 @@ def _run(
 
     action, logits, next_core = act(core)
     while not should_stop():
-        slots = []
+        items = []
         t_idle = time.perf_counter_ns()
-        while len(slots) < E:
-            slot = ring.acquire(timeout=0.2)
-            if slot is not None:
-                slots.append(slot)
+        while len(items) < E:
+            item = ring.acquire(actor_id, timeout=0.2)
+            if item is not None:
+                items.append(item)
             elif should_stop():
-                for s in slots:
-                    ring.release(s)
-                return
+                return  # the learner takes back what we hold
         counters[actor_id, IDLE_NS] += time.perf_counter_ns() - t_idle
-        idx = torch.tensor(slots)
+        idx = torch.tensor([slot for slot, _ in items])
 
         g = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
         # Bounded lag acts with one exact version; otherwise with the newest one (re-read on
@@ -135,8 +145,6 @@ def _run(
         if (want != local_version) if bounded else stale:
             got = h.params.read(flat, version=want, should_stop=should_stop)
             if got is None:  # told to stop while waiting
-                for s in slots:
-                    ring.release(s)
                 return
             load_flat_into(model, flat)
             local_version = got
@@ -184,14 +192,14 @@ def _run(
             ring.first[idx, t] = first
             ring.action[idx, t] = action
             ring.logits[idx, t] = logits
-        for s in slots:
-            ring.commit(s)
+        for item in items:
+            ring.commit(item)
         n_unroll += 1
         counters[actor_id, STEPS] += T * E
         counters[actor_id, UNROLLS] += 1
         counters[actor_id, HEARTBEAT_NS] = time.time_ns()
         if game_overs:
             try:
-                h.episodes.put_nowait((actor_id, game_overs))
+                h.episodes.put_nowait(("episodes", actor_id, game_overs))
             except queue.Full:
                 pass

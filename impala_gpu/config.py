@@ -109,6 +109,8 @@ class Config:
     start_method: str = "spawn"  # multiprocessing start method for actors: spawn | forkserver
     resume: str | None = None  # a run dir or checkpoint .pt to continue, in its own run dir
     max_nonfinite_updates: int = 10  # consecutive NaN/inf updates (skipped) before the run stops
+    actor_timeout_s: float = 60.0  # an actor silent this long is hung: killed and replaced
+    max_actor_restarts: int = 20  # actor replacements allowed per run before it stops (crash loop)
 
 
 def register_configs() -> None:

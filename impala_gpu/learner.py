@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from impala_gpu.config import AlgoCfg, Config
 from impala_gpu.losses import discounts_from_terminated, impala_loss
-from impala_gpu.ring import STEP_FIELDS, TrajectoryRing
+from impala_gpu.ring import STEP_FIELDS, SlotManager, TrajectoryRing
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Batcher(threading.Thread):
     def __init__(
         self,
         ring: TrajectoryRing,
+        slots: SlotManager,
         batch_size: int,
         device: torch.device,
         learner_version,  # () -> int
@@ -64,7 +65,7 @@ class Batcher(threading.Thread):
         num_buffers: int = 2,
     ):
         super().__init__(name="batcher", daemon=True)
-        self.ring, self.B, self.device = ring, batch_size, device
+        self.ring, self.slots, self.B, self.device = ring, slots, batch_size, device
         self.cuda = device.type == "cuda"
         self.learner_version = learner_version
         self.max_policy_lag = max_policy_lag
@@ -114,9 +115,11 @@ class Batcher(threading.Thread):
 
     def _take_one(self) -> int | None:
         while not self.stop_event.is_set():
-            slot = self.ring.take(timeout=0.1)
-            if slot is not None:
-                return slot
+            item = self.ring.take(timeout=0.1)
+            if item is not None:
+                slot = self.slots.accept(item)  # None: written by an actor that since died
+                if slot is not None:
+                    return slot
         return None
 
     def _collect(self) -> list[int] | None:
@@ -127,13 +130,13 @@ class Batcher(threading.Thread):
             slot = self._take_one()
             if slot is None:
                 for s in slots:
-                    self.ring.release(s)
+                    self.slots.give(s)
                 return None
             if self.max_policy_lag > 0:
                 lag = self.learner_version() - int(self.ring.version[slot])
                 if lag > self.max_policy_lag:
                     self.dropped_stale += 1
-                    self.ring.release(slot)
+                    self.slots.give(slot)
                     continue
             slots.append(slot)
         return slots
@@ -186,7 +189,7 @@ class Batcher(threading.Thread):
             self.copy_done[k] = ev
         # The ring slots are free as soon as their data is in staging (CPU) / the copy is issued.
         for slot in slots:
-            self.ring.release(slot)
+            self.slots.give(slot)
 
     # -- consumer side --------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> tuple[int, Batch] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ class MetricsLogger:
                 if values:
                     data[name] = wandb.Histogram(values)
             self.wandb_run.log(data, step=int(metrics.get("frames", 0)))
+
+    def event(self, event: dict[str, Any]) -> None:
+        """One line in ``events.jsonl``: things that happened (an actor replaced, ...)."""
+        with open(self.run_dir / "events.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), **event}) + "\n")
 
     def write_json(self, name: str, obj: Any) -> None:
         """Replace ``run_dir/name`` atomically (readers never see half a file)."""

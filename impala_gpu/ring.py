@@ -36,6 +36,7 @@ exactly as long as some process holds it, so no exit path, not even SIGKILL, can
 from __future__ import annotations
 
 import queue
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,19 +88,26 @@ def numpy_to_torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 class TrajectoryRing:
-    """The ring's tensors and its two index queues. Picklable to spawn/forkserver children."""
+    """The ring's tensors and its index queues. Picklable to spawn/forkserver children.
 
-    def __init__(self, spec: RingSpec, ctx: mp.context.BaseContext | None = None):
+    Each actor has its own free queue, filled by the learner's :class:`SlotManager`, so the
+    learner always knows which slots a given actor holds and can take them back if it dies.
+    Queue items are ``(slot, generation)``: reclaiming a slot bumps its generation, so an item
+    a dying actor left behind in the full queue is recognised as stale and dropped.
+    """
+
+    def __init__(
+        self, spec: RingSpec, num_actors: int = 1, ctx: mp.context.BaseContext | None = None
+    ):
         ctx = ctx or mp.get_context("spawn")
         self.spec = spec
+        self.ctx = ctx
         self.fields: dict[str, Tensor] = {
             name: torch.zeros(shape, dtype=dt).share_memory_()
             for name, (shape, dt) in spec.field_shapes().items()
         }
-        self.free_queue = ctx.Queue()
+        self.free_queues = [ctx.Queue() for _ in range(num_actors)]
         self.full_queue = ctx.Queue()
-        for slot in range(spec.num_slots):
-            self.free_queue.put(slot)
 
     def __getattr__(self, name: str) -> Tensor:
         fields = self.__dict__.get("fields")
@@ -107,23 +115,21 @@ class TrajectoryRing:
             return fields[name]
         raise AttributeError(name)
 
-    def acquire(self, timeout: float | None = None) -> int | None:
-        """A free slot index, or None after ``timeout`` seconds."""
+    # -- actor side ----------------------------------------------------------------------
+    def acquire(self, actor: int, timeout: float | None = None) -> tuple[int, int] | None:
+        """A free ``(slot, generation)`` handed to ``actor``, or None after ``timeout`` s."""
         try:
-            return self.free_queue.get(timeout=timeout)
+            return self.free_queues[actor].get(timeout=timeout)
         except queue.Empty:
             return None
 
-    def release(self, slot: int) -> None:
-        """Give a slot back to the producers."""
-        self.free_queue.put(slot)
-
-    def commit(self, slot: int) -> None:
+    def commit(self, item: tuple[int, int]) -> None:
         """Hand a written slot to the learner."""
-        self.full_queue.put(slot)
+        self.full_queue.put(item)
 
-    def take(self, timeout: float | None = None) -> int | None:
-        """A full slot index, or None after ``timeout`` seconds."""
+    # -- learner side --------------------------------------------------------------------
+    def take(self, timeout: float | None = None) -> tuple[int, int] | None:
+        """A full ``(slot, generation)``, or None after ``timeout`` seconds."""
         try:
             return self.full_queue.get(timeout=timeout)
         except queue.Empty:
@@ -138,6 +144,65 @@ class TrajectoryRing:
 
     def close(self) -> None:
         """Drop the queues' feeder threads so the owner can exit promptly."""
-        for q in (self.free_queue, self.full_queue):
+        for q in (*self.free_queues, self.full_queue):
             q.cancel_join_thread()
             q.close()
+
+
+class SlotManager:
+    """Learner-side slot accounting: every slot is either held by one actor (queued for it or
+    being written) or by the learner (full, or being gathered). Thread-safe."""
+
+    def __init__(self, ring: TrajectoryRing):
+        self.ring = ring
+        n = ring.spec.num_slots
+        self.generation = [0] * n
+        self.owner = [-1] * n  # actor index, or -1: the learner has it
+        self.lock = threading.Lock()
+        self.stale_dropped = 0
+        self.retired_queues: list = []
+        for slot in range(n):
+            self.give(slot)
+
+    def held_by(self, actor: int) -> list[int]:
+        with self.lock:
+            return [s for s, o in enumerate(self.owner) if o == actor]
+
+    def give(self, slot: int) -> None:
+        """Hand a free slot to the actor holding the fewest (keeps them evenly supplied)."""
+        with self.lock:
+            counts = [0] * len(self.ring.free_queues)
+            for o in self.owner:
+                if o >= 0:
+                    counts[o] += 1
+            actor = counts.index(min(counts))
+            self.generation[slot] += 1
+            self.owner[slot] = actor
+            self.ring.free_queues[actor].put((slot, self.generation[slot]))
+
+    def accept(self, item: tuple[int, int]) -> int | None:
+        """The slot of a full-queue item, or None (and counted) if it went stale."""
+        slot, gen = item
+        with self.lock:
+            if gen != self.generation[slot] or self.owner[slot] < 0:
+                self.stale_dropped += 1
+                return None
+            self.owner[slot] = -1
+            return slot
+
+    def reclaim(self, actor: int, fresh_queue) -> int:
+        """Take back every slot of a dead actor; its replacement gets ``fresh_queue`` (the old
+        one may hold items nobody will read). Returns how many slots came back."""
+        with self.lock:
+            old = self.ring.free_queues[actor]
+            self.ring.free_queues[actor] = fresh_queue
+            slots = [s for s, o in enumerate(self.owner) if o == actor]
+            for s in slots:
+                self.generation[s] += 1  # anything of it still in flight is now stale
+                self.owner[s] = -1
+        # Keep the old queue referenced: an actor still starting up may be unpickling it, and
+        # garbage-collecting it here would unlink its semaphores under that actor's feet.
+        self.retired_queues.append(old)
+        for s in slots:
+            self.give(s)
+        return len(slots)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 import zlib
 
 import torch
 import torch.multiprocessing as mp
 
-from impala_gpu.ring import RingSpec, TrajectoryRing
+from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing
 
 SPEC = RingSpec(
     num_slots=6,
@@ -33,27 +34,38 @@ def pattern(producer: int, n: int, name: str, like: torch.Tensor) -> torch.Tenso
 
 def produce(ring: TrajectoryRing, producer: int, count: int) -> None:
     for n in range(count):
-        slot = ring.acquire(timeout=30)
-        assert slot is not None
+        item = ring.acquire(producer, timeout=30)
+        assert item is not None
+        slot = item[0]
         for name, t in ring.fields.items():
             t[slot] = pattern(producer, n, name, t[slot])
         ring.actor[slot] = producer
         ring.unroll[slot] = n
-        ring.commit(slot)
+        ring.commit(item)
+
+
+def hold_and_hang(ring: TrajectoryRing, producer: int) -> None:
+    """Take slots, commit one, then hang holding the others (to be SIGKILLed)."""
+    items = [ring.acquire(producer, timeout=30) for _ in range(2)]
+    ring.commit(items[0])
+    time.sleep(600)
 
 
 def test_round_trip_across_processes_is_bit_exact_and_loses_no_slot():
     ctx = mp.get_context("spawn")
-    ring = TrajectoryRing(SPEC, ctx)
     producers, per_producer = 3, 40
+    ring = TrajectoryRing(SPEC, producers, ctx)
+    slots = SlotManager(ring)
     procs = [ctx.Process(target=produce, args=(ring, i, per_producer)) for i in range(producers)]
     for p in procs:
         p.start()
     seen = set()
     try:
         for _ in range(producers * per_producer):
-            slot = ring.take(timeout=60)
-            assert slot is not None, "a producer stalled: slots were lost"
+            item = ring.take(timeout=60)
+            assert item is not None, "a producer stalled: slots were lost"
+            slot = slots.accept(item)
+            assert slot is not None
             producer, n = int(ring.actor[slot]), int(ring.unroll[slot])
             assert (producer, n) not in seen, "the same unroll was delivered twice"
             seen.add((producer, n))
@@ -61,15 +73,15 @@ def test_round_trip_across_processes_is_bit_exact_and_loses_no_slot():
                 if name in ("actor", "unroll"):
                     continue
                 assert torch.equal(t[slot], pattern(producer, n, name, t[slot])), name
-            ring.release(slot)
+            slots.give(slot)
         for p in procs:
             p.join(timeout=30)
             assert p.exitcode == 0
         assert len(seen) == producers * per_producer
         assert ring.take(timeout=0.2) is None, "a slot was handed out twice"
-        free = [ring.acquire(timeout=1) for _ in range(SPEC.num_slots)]
-        assert sorted(free) == list(range(SPEC.num_slots)), "slot accounting is not whole"
-        assert ring.acquire(timeout=0.2) is None
+        held = sorted(s for i in range(producers) for s in slots.held_by(i))
+        assert held == list(range(SPEC.num_slots)), "slot accounting is not whole"
+        assert slots.stale_dropped == 0
     finally:
         for p in procs:
             if p.is_alive():
@@ -77,8 +89,37 @@ def test_round_trip_across_processes_is_bit_exact_and_loses_no_slot():
         ring.close()
 
 
+def test_a_killed_producers_slots_are_reclaimed_and_its_leftovers_dropped():
+    ctx = mp.get_context("spawn")
+    ring = TrajectoryRing(SPEC, 2, ctx)
+    slots = SlotManager(ring)
+    victim = ctx.Process(target=hold_and_hang, args=(ring, 0))
+    victim.start()
+    try:
+        first = ring.take(timeout=60)
+        assert first is not None
+        victim.kill()
+        victim.join(timeout=10)
+        reclaimed = slots.reclaim(0, ctx.Queue())
+        # 3 slots were given to producer 0; one is committed and still in the full queue.
+        assert reclaimed == 3
+        assert slots.accept(first) is None, "an item of a reclaimed slot must be stale"
+        assert slots.stale_dropped == 1
+        held = sorted(slots.held_by(0) + slots.held_by(1))
+        assert held == list(range(SPEC.num_slots))
+        # The replacement gets fresh items with new generations through the new queue.
+        fresh = [ring.acquire(0, timeout=1) for _ in range(len(slots.held_by(0)))]
+        assert all(f is not None for f in fresh)
+        ring.commit(fresh[0])
+        assert slots.accept(ring.take(timeout=5)) == fresh[0][0]
+    finally:
+        if victim.is_alive():
+            victim.kill()
+        ring.close()
+
+
 def test_fields_have_final_dtypes_and_layout():
-    ring = TrajectoryRing(SPEC)
+    ring = TrajectoryRing(SPEC, 1)
     try:
         assert ring.obs.shape == (6, 6, 2, 3, 3) and ring.obs.dtype == torch.uint8
         assert ring.logits.shape == (6, 6, 3) and ring.logits.dtype == torch.float32

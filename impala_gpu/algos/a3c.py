@@ -8,7 +8,8 @@ model without a lock. The main process only watches: it gathers the workers' rep
 the same metrics IMPALA logs, so the two baselines compare field by field.
 
 Config keys of the central learner (batch_size, num_slots, publish_interval, max_policy_lag,
-bounded_lag, learner_threads) do not apply here and are ignored.
+bounded_lag, refresh_every, learner_threads) do not apply here and are ignored; checkpoint.* too
+(A3C saves only the final ``model.pt``, also on Ctrl-C).
 """
 
 from __future__ import annotations
@@ -62,11 +63,18 @@ class WorkerHandles:
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with A3C. Returns the last logged metrics."""
-    validate_config(cfg)
-    if resolve_device(cfg.device).type != "cpu":
+    # A3C is Hogwild on CPU by definition: auto means cpu here (so a sweep over algos works on
+    # a GPU box); only an explicit cuda request is an error.
+    if cfg.device != "auto" and resolve_device(cfg.device).type != "cpu":
         raise ConfigError(
-            f"device={cfg.device} resolves to {resolve_device(cfg.device)}, but A3C is Hogwild on "
-            "CPU: every worker updates one shared CPU model without a lock. Fix: device=cpu."
+            f"device={cfg.device}, but A3C is Hogwild on CPU: every worker updates one shared "
+            "CPU model without a lock. Fix: device=cpu (or auto)."
+        )
+    validate_config(cfg)
+    if cfg.resume:
+        raise ConfigError(
+            f"resume={cfg.resume}: A3C writes no checkpoints to resume from (only model.pt). "
+            "Fix: drop resume, or resume an impala run."
         )
     spec = env_spec(cfg.env)
     torch.manual_seed(cfg.seed)
@@ -249,6 +257,7 @@ def _work(
 _CLIPPED_RHO = STAT_NAMES.index("clipped_rho_fraction")
 _CLIPPED_PG_RHO = STAT_NAMES.index("clipped_pg_rho_fraction")
 _MEAN_RHO = STAT_NAMES.index("mean_rho")
+_NONFINITE = STAT_NAMES.index("nonfinite")
 
 
 class Rollout:
@@ -350,12 +359,20 @@ def monitor(
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     start = time.perf_counter()
     deadline = start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
-    last_log, prev_steps, received = start, 0, 0
+    last_log, prev_steps, received, nonfinite_streak = start, 0, 0, 0
 
     def on_report(r: Report) -> None:
-        nonlocal received
+        nonlocal received, nonfinite_streak
         received += 1
         _, stats, lag, episodes = r
+        # train_step skips NaN/inf updates (never applied); too many in a row end the run.
+        nonfinite_streak = nonfinite_streak + 1 if stats[_NONFINITE] else 0
+        if nonfinite_streak >= cfg.max_nonfinite_updates:
+            raise FloatingPointError(
+                f"{nonfinite_streak} consecutive updates had a non-finite loss or gradient "
+                "(skipped). Fix: lower algo.learning_rate, check rewards/observations for NaN, "
+                "or raise max_nonfinite_updates."
+            )
         tele.add_update(
             stats, np.array([lag]), steps_per_update * spec.frames_per_step, steps_per_update
         )

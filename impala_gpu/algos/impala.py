@@ -7,7 +7,7 @@ then runs ``learn`` until ``total_frames``; every exit path stops and joins the 
 from __future__ import annotations
 
 import os
-import queue
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from impala_gpu.actor import IDLE_NS, NUM_COUNTERS, STEPS, ActorHandles, actor_main
+from impala_gpu.actor import IDLE_NS, NUM_COUNTERS, STEPS, ActorHandles
 from impala_gpu.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
@@ -29,7 +29,7 @@ from impala_gpu.checkpoint import (
     truncate_lines,
 )
 from impala_gpu.config import Config, to_container
-from impala_gpu.envs import derive_seeds, env_spec
+from impala_gpu.envs import env_spec
 from impala_gpu.learner import (
     STAT_NAMES,
     Batcher,
@@ -41,7 +41,8 @@ from impala_gpu.logger import MetricsLogger
 from impala_gpu.models import build_model
 from impala_gpu.params import ParamStore
 from impala_gpu.progress import Progress
-from impala_gpu.ring import RingSpec, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.supervisor import ActorPool
 from impala_gpu.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
 
@@ -79,8 +80,10 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             num_actions=spec.num_actions,
             lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
         ),
+        cfg.num_actors,
         ctx,
     )
+    slots = SlotManager(ring)
     bounded = cfg.bounded_lag is not None
     params = ParamStore.for_model(model, history=(cfg.bounded_lag + 2) if bounded else 1)
     params.publish(model, version=st.version)
@@ -92,17 +95,6 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         stop=ctx.Event(),
         start_version=st.version,
     )
-    # A resumed run must not replay the trajectories it already learned from.
-    seeds = derive_seeds(cfg.seed, cfg.num_actors, salt=st.resumes)
-    actors = [
-        ctx.Process(
-            target=actor_main,
-            args=(i, cfg, spec, handles, seeds[i]),
-            name=f"actor-{i}",
-            daemon=True,
-        )
-        for i in range(cfg.num_actors)
-    ]
     logger = MetricsLogger(run_dir, cfg, sweep, resume_id=resumed.get("wandb_id"))
     checkpointer = Checkpointer(
         run_dir,
@@ -112,6 +104,19 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         frames=st.frames,
     )
     checkpointer.best_return = resumed.get("best_return", float("-inf"))
+
+    def on_event(event: dict) -> None:
+        logger.event({**event, "frames": st.frames, "updates": st.version})
+        if event["event"] == "actor_replaced":
+            print(
+                f"impala_gpu: actor-{event['actor']} {event['cause']}; replaced "
+                f"(restart {event['restart']}, {event['slots_reclaimed']} slots reclaimed)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    # A resumed run must not replay the trajectories it already learned from (salt).
+    pool = ActorPool(ctx, cfg, spec, handles, slots, st.resumes, tele, on_event)
 
     def save_checkpoint() -> Path:
         state = {
@@ -136,10 +141,10 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
 
     batcher = None
     try:
-        for p in actors:
-            p.start()
+        pool.start()
         batcher = Batcher(
             ring,
+            slots,
             cfg.batch_size,
             device,
             learner_version=lambda: st.version,
@@ -158,7 +163,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             batcher,
             params,
             handles,
-            actors,
+            pool,
             logger,
             checkpointer,
             save_checkpoint,
@@ -177,7 +182,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         handles.stop.set()
         if batcher is not None:
             batcher.stop()
-        _join_actors(actors)
+        pool.join()
         logger.close()
         handles.episodes.cancel_join_thread()
         ring.close()
@@ -240,7 +245,7 @@ class Loop:
     batcher: Batcher
     params: ParamStore
     handles: ActorHandles
-    actors: list
+    pool: ActorPool
     logger: MetricsLogger
     checkpointer: Checkpointer
     save_checkpoint: Any
@@ -263,8 +268,8 @@ def learn(L: Loop) -> dict[str, Any]:
             got = batcher.get(timeout=1.0)
             t1 = time.perf_counter()
             tele.window.wait_s += t1 - t0
+            L.pool.check()
             if got is None:
-                _check_actors(L.actors)
                 continue
             k, batch = got
             timer = _GpuTimer() if batcher.cuda else None
@@ -289,7 +294,6 @@ def learn(L: Loop) -> dict[str, Any]:
                 last = _log(L)
                 bar.update(st.frames, last)
                 last_log = now
-                _check_actors(L.actors)
             if not done and L.checkpointer.due(st.frames):
                 L.save_checkpoint()
     except KeyboardInterrupt:
@@ -330,7 +334,7 @@ class _GpuTimer:
 
 def _log(L: Loop) -> dict[str, Any]:
     st, tele = L.st, L.tele
-    _drain_episodes(L.handles.episodes, tele)
+    L.pool.drain()
     window_s = max(time.perf_counter() - tele.window.start, 1e-9)
     m, hist = tele.flush()
     counters = L.handles.counters.numpy().copy()
@@ -347,6 +351,8 @@ def _log(L: Loop) -> dict[str, Any]:
         actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / window_s),
         ring_occupancy=L.batcher.ring.occupancy(),
         dropped_stale=L.batcher.dropped_stale,
+        actor_restarts=L.pool.restarts,
+        stale_slots_dropped=L.batcher.slots.stale_dropped,
         batcher_gather_s=L.batcher.gather_s,
         lr=L.optimizer.param_groups[0]["lr"],
         time=time.time(),
@@ -355,33 +361,3 @@ def _log(L: Loop) -> dict[str, Any]:
     L.logger.log(m, hist)
     L.logger.write_json("lag_hist.json", tele.lag_histogram())
     return m
-
-
-def _drain_episodes(episodes, tele: Telemetry) -> None:
-    while True:
-        try:
-            _, eps = episodes.get_nowait()
-        except queue.Empty:
-            return
-        tele.add_episodes(eps)
-
-
-def _check_actors(actors) -> None:
-    dead = [p for p in actors if not p.is_alive()]
-    if dead:
-        desc = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
-        raise RuntimeError(f"actor process died: {desc}")
-
-
-def _join_actors(actors, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    for p in actors:
-        if p.pid is not None:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-    for p in actors:
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=2)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=2)

@@ -1,0 +1,137 @@
+"""The analysis notebooks run headless, end to end, on tiny real sweeps made by the CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbconvert_execute = pytest.importorskip("nbconvert.preprocessors")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+
+# Seconds, not minutes: the point is that the notebooks run on what the CLI really writes.
+TINY = (
+    "env=cartpole",
+    "model=mlp",
+    "total_frames=3000",
+    "num_actors=2",
+    "envs_per_actor=2",
+    "batch_size=4",
+    "unroll_length=10",
+    "log_interval_s=0.2",
+    "wandb.mode=disabled",
+    "progress=false",
+)
+SWEEPS = {
+    "baselines": ("algo=impala", "seed=0,1"),
+    "lag": ("algo=impala", "seed=0", "algo.correction=true,false", "refresh_every=1,5"),
+}
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both sweeps, run at once: a point spends most of its few seconds starting processes
+    (imports), which two sweeps overlap well even on two cores."""
+    root = tmp_path_factory.mktemp("sweeps")
+    procs = {}
+    for name, overrides in SWEEPS.items():
+        cmd = [sys.executable, "-m", "impala_gpu", "-m", *overrides, *TINY]
+        # A file, not a pipe: a sweep must never stall on output nobody is reading yet.
+        with open(root / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen(
+                [*cmd, f"hydra.sweep.dir={root / name}"],
+                cwd=root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+    try:
+        for proc in procs.values():
+            proc.wait(timeout=240)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for name, proc in procs.items():
+        log_text = (root / f"{name}.log").read_text()
+        assert proc.returncode == 0, f"sweep {name} failed:\n{log_text[-4000:]}"
+    return {name: root / name for name in SWEEPS}
+
+
+def execute(notebook: str, monkeypatch: pytest.MonkeyPatch, **env: str):
+    """Run every cell in a fresh kernel (which inherits ``env``) from the notebooks folder, as
+    Jupyter would; a cell that raises fails the test with its traceback."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(NOTEBOOKS / notebook, as_version=4)
+    ep = nbconvert_execute.ExecutePreprocessor(timeout=120, kernel_name="python3")
+    ep.preprocess(nb, {"metadata": {"path": str(NOTEBOOKS)}})
+    return nb
+
+
+def outputs_of(nb) -> tuple[int, str]:
+    """(number of PNG figures, all printed text) of an executed notebook."""
+    figures, text = 0, []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.output_type != "error", out
+            if out.output_type == "stream":
+                text.append(out.text)
+            elif "image/png" in out.get("data", {}):
+                figures += 1
+    return figures, "".join(text)
+
+
+def test_committed_without_outputs() -> None:
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, path.name
+
+
+@pytest.mark.slow
+def test_compare_baselines(sweeps: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A threshold the tiny runs reach, so the time-to-threshold path runs too.
+    nb = execute(
+        "compare_baselines.ipynb",
+        monkeypatch,
+        IMPALA_SWEEP_DIR=str(sweeps["baselines"]),
+        IMPALA_THRESHOLD="5",
+    )
+    figures, text = outputs_of(nb)
+    assert figures >= 2  # return curves, throughput bars
+    assert "CartPole-v1: impala ran at" in text
+    assert "needed the fewest frames" in text
+
+
+@pytest.mark.slow
+def test_policy_lag(sweeps: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = execute("policy_lag.ipynb", monkeypatch, IMPALA_LAG_SWEEP_DIR=str(sweeps["lag"]))
+    figures, text = outputs_of(nb)
+    assert figures >= 2  # return per lag, lag histograms
+    assert "injected lags (refresh_every) [1, 5]" in text
+    assert "Final return with and without V-trace: at refresh_every=1" in text
+
+
+@pytest.mark.slow
+def test_policy_lag_without_histograms(
+    sweeps: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Runs that wrote no lag_hist.json (older ones) fall back to the logged mean/p95/max."""
+    copy = shutil.copytree(sweeps["lag"], tmp_path / "lag")
+    for path in copy.glob("*/lag_hist.json"):
+        path.unlink()
+    nb = execute("policy_lag.ipynb", monkeypatch, IMPALA_LAG_SWEEP_DIR=str(copy))
+    figures, text = outputs_of(nb)
+    assert figures >= 2
+    assert "no lag_hist.json in these runs" in text
