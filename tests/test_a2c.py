@@ -4,7 +4,7 @@ injected lag, end to end on CartPole."""
 from __future__ import annotations
 
 import pytest
-from test_impala import read_metrics, run_cli
+from leakcheck import read_metrics, run_cli
 
 from impala_gpu.algos.a2c import synchronous_config
 from impala_gpu.config import Config, EnvCfg

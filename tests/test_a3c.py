@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import gc
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
+from leakcheck import leaked_shm, processes_with_marker, read_metrics, shm_entries
 from omegaconf import OmegaConf
 
 from impala_gpu.algos import a3c
@@ -55,68 +55,6 @@ def make_cfg(*overrides: str) -> Config:
     return cfg
 
 
-# -- leak checks (as in tests/test_impala.py) -----------------------------------------------------
-
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def shm_inodes_mapped_by(pids) -> set[int]:
-    """Inodes of the /dev/shm files these processes map. (glibc's sem_open maps a temporary
-    file and then links it under the semaphore's name, so only the inode identifies it.)"""
-    dev = os.stat("/dev/shm").st_dev
-    inodes = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    fields = line.split()
-                    if len(fields) > 5 and fields[5].startswith("/dev/shm/"):
-                        major, minor = (int(x, 16) for x in fields[3].split(":"))
-                        if os.makedev(major, minor) == dev:
-                            inodes.add(int(fields[4]))
-        except OSError:
-            continue
-    return inodes
-
-
-def leaked_shm(before: set[str], in_process: bool = False) -> set[str]:
-    """Segments created since ``before`` that persist (multiprocessing's semaphores live in
-    /dev/shm until their objects are collected, and for an instant while created).
-
-    Other runs share this machine's /dev/shm: when the run was in this process, only what this
-    process still maps is ours; otherwise skip what other live processes map."""
-    gc.collect()
-    new = shm_entries() - before
-    if new:
-        time.sleep(1.0)
-        new &= shm_entries()
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-    mapped = shm_inodes_mapped_by([os.getpid()] if in_process else pids)
-    inode = {}
-    for name in new:
-        try:
-            inode[name] = os.stat(f"/dev/shm/{name}").st_ino
-        except OSError:  # unlinked meanwhile
-            continue
-    if in_process:
-        return {n for n, i in inode.items() if i in mapped}
-    return {n for n, i in inode.items() if i not in mapped}
-
-
-def processes_with_marker(marker: str) -> list[int]:
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(int(pid))
-        except OSError:
-            continue
-    return pids
-
-
 @pytest.fixture
 def no_leaks(monkeypatch):
     """Children spawned inside the test carry a marker in their environment; afterwards none
@@ -128,10 +66,6 @@ def no_leaks(monkeypatch):
     yield
     assert processes_with_marker(marker) == [], "a worker process outlived the run"
     assert leaked_shm(before, in_process=True) == set(), "a /dev/shm segment outlived the run"
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def initial_weights(cfg: Config) -> dict[str, torch.Tensor]:

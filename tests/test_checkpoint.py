@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_impala import cli_command, leaked_shm, processes_with_marker, shm_entries
+from leakcheck import cli_command, leaked_shm, processes_with_marker, shm_entries
 
 from impala_gpu.algos.impala import LoopState, _guard_nonfinite, restore
 from impala_gpu.checkpoint import (

@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from test_impala import cli_command, leaked_shm, processes_with_marker, shm_entries
+from leakcheck import cli_command, leaked_shm, processes_with_marker, shm_entries
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +134,76 @@ def test_crash_loop_stops_the_run_with_a_clear_error(tmp_path):
         tmp_path, inject, "total_frames=2000000", "max_actor_restarts=1", expect_rc=1
     )
     assert "crash-looping" in err and "max_actor_restarts=1" in err
+
+
+def test_learner_exception_tears_everything_down_and_keeps_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "nan"
+    marker = uuid.uuid4().hex
+    shm_before = shm_entries()
+    # lr=1e30 blows the weights up within a few updates; every later update is non-finite.
+    proc = subprocess.run(
+        cli_command(
+            run_dir,
+            "experiment=cartpole_impala",
+            "algo.learning_rate=1e30",
+            "algo.optimizer=rmsprop",
+            "algo.grad_norm_clip=0",
+            "max_nonfinite_updates=3",
+            "total_frames=2000000",
+        ),
+        cwd=tmp_path,
+        env={**os.environ, "IMPALA_TEST_MARKER": marker},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "consecutive updates had a non-finite" in proc.stderr
+    assert processes_with_marker(marker) == [] and leaked_shm(shm_before) == set()
+    assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), "the last good state was not saved"
+
+
+def test_missing_resume_checkpoint_fails_before_starting(tmp_path):
+    proc = subprocess.run(
+        cli_command(tmp_path / "x", f"resume={tmp_path / 'nowhere'}"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "does not exist" in proc.stderr and "Fix:" in proc.stderr
+
+
+def test_an_exception_in_the_env_reaches_the_learner_as_the_cause():
+    """The actor sends its traceback before dying, so the learner can log why."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from impala_gpu.actor import NUM_COUNTERS, ActorHandles, actor_main
+    from impala_gpu.config import Config, EnvCfg
+    from impala_gpu.envs import env_spec
+    from impala_gpu.params import ParamStore
+    from impala_gpu.ring import RingSpec, TrajectoryRing
+
+    ctx = mp.get_context("spawn")
+    cfg = Config(env=EnvCfg(id="CartPole-v1", vector_backend="gymnasium"), num_actors=1)
+    spec = env_spec(cfg.env)
+    ring = TrajectoryRing(RingSpec(4, 3, spec.obs_shape, torch.float32, spec.num_actions), 1, ctx)
+    handles = ActorHandles(
+        ring=ring,
+        params=ParamStore(8),
+        episodes=ctx.Queue(),
+        counters=torch.zeros(1, NUM_COUNTERS, dtype=torch.int64),
+        stop=ctx.Event(),
+    )
+    broken = Config(env=EnvCfg(id="CartPole-v1", vector_backend="ale"), num_actors=1)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(ValueError, match="vector_backend=ale needs an Atari env"):
+            actor_main(0, broken, spec, handles, seed=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        ring.close()
+    kind, actor, text = handles.episodes.get(timeout=5)
+    assert (kind, actor) == ("error", 0) and "vector_backend=ale" in text

@@ -6,89 +6,24 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from leakcheck import (
+    cli_command,
+    leaked_shm,
+    processes_with_marker,
+    read_metrics,
+    run_cli,
+    shm_entries,
+)
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def _mapped_shm() -> set[str]:
-    """Names under /dev/shm that some live process has mapped (so it is still in use)."""
-    names = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                names.update(
-                    line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line
-                )
-        except OSError:
-            continue
-    return names
-
-
-def leaked_shm(before: set[str]) -> set[str]:
-    """Segments created since ``before`` that persist and that no live process uses: a
-    segment still mapped belongs to something else running on this machine right now."""
-    new = shm_entries() - before
-    if new:
-        time.sleep(1.0)
-        new &= shm_entries()
-        new -= _mapped_shm()
-    return new
-
-
-def processes_with_marker(marker: str) -> list[int]:
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(int(pid))
-        except OSError:
-            continue
-    return pids
-
-
-def cli_command(run_dir: Path, *overrides: str) -> list[str]:
-    """The CLI with W&B disabled unless an override sets wandb.mode (later overrides win)."""
-    base = [sys.executable, "-m", "impala_gpu", f"run_dir={run_dir}", "progress=false"]
-    return [*base, "wandb.mode=disabled", *overrides]
-
-
-def run_cli(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run training; afterwards assert no child process and no /dev/shm segment survives."""
-    marker = uuid.uuid4().hex
-    shm_before = shm_entries()
-    proc = subprocess.run(
-        cli_command(run_dir, *overrides),
-        cwd=run_dir.parent,
-        env={**os.environ, "IMPALA_TEST_MARKER": marker},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert processes_with_marker(marker) == [], "a child process outlived the run"
-    leaked = leaked_shm(shm_before)
-    assert leaked == set(), f"/dev/shm segments outlived the run: {leaked}"
-    return proc
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert lines, "metrics.jsonl is empty"
-    return [json.loads(line) for line in lines]
 
 
 REQUIRED_FIELDS = {

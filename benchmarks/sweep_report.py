@@ -1,0 +1,56 @@
+"""Summarise a finished sweep (the figures quoted in the README come from here):
+
+    python benchmarks/sweep_report.py sweeps/compare_cartpole --threshold 475
+    python benchmarks/sweep_report.py sweeps/lag_cartpole
+    python benchmarks/sweep_report.py sweeps/compare_pong
+
+Prints the per-group table (frames/s, learner busy, mean policy lag, final return, frames and
+wall-clock seconds to the threshold) and the generated conclusion; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+
+from impala_gpu.analysis import conclusion, load_sweep, summary_table  # noqa: E402
+from impala_gpu.sweep import failed_points  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("sweep_dir")
+    ap.add_argument("--threshold", type=float, default=None)
+    ap.add_argument("--out", default="bench_out")
+    args = ap.parse_args()
+    df = load_sweep(args.sweep_dir)
+    table = summary_table(df, threshold=args.threshold)
+    text = conclusion(table, threshold=args.threshold)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table.to_string())
+    print(text)
+    final = df.sort_values("frames").groupby("run").tail(1)
+    result = {
+        "sweep_dir": args.sweep_dir,
+        "threshold": args.threshold,
+        "table": table.to_dict(orient="records"),
+        "per_run_final": final[
+            ["run", "algo", "seed", "frames", "elapsed_s", "episode_return"]
+        ].to_dict(orient="records"),
+        "failed": failed_points(args.sweep_dir),
+        "conclusion": text,
+    }
+    path = write_result(f"sweep_{Path(args.sweep_dir).name}", result, args.out)
+    print(f"({path})")
+
+
+if __name__ == "__main__":
+    main()

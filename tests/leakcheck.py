@@ -1,0 +1,103 @@
+"""Shared by the end-to-end tests: run the CLI, and check that no child process and no
+/dev/shm segment outlives a run."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def shm_inodes_mapped_by(pids) -> set[int]:
+    """Inodes of the /dev/shm files these processes map. (glibc's sem_open maps a temporary
+    file and then links it under the semaphore's name, so only the inode identifies it.)"""
+    dev = os.stat("/dev/shm").st_dev
+    inodes = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 5 and fields[5].startswith("/dev/shm/"):
+                        major, minor = (int(x, 16) for x in fields[3].split(":"))
+                        if os.makedev(major, minor) == dev:
+                            inodes.add(int(fields[4]))
+        except OSError:
+            continue
+    return inodes
+
+
+def leaked_shm(before: set[str], in_process: bool = False) -> set[str]:
+    """Segments created since ``before`` that persist (multiprocessing's semaphores live in
+    /dev/shm until their objects are collected, and for an instant while created).
+
+    Other runs share this machine's /dev/shm: when the run was in this process, only what this
+    process still maps is ours; otherwise skip what other live processes map."""
+    gc.collect()
+    new = shm_entries() - before
+    if new:
+        time.sleep(1.0)
+        new &= shm_entries()
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    mapped = shm_inodes_mapped_by([os.getpid()] if in_process else pids)
+    inode = {}
+    for name in new:
+        try:
+            inode[name] = os.stat(f"/dev/shm/{name}").st_ino
+        except OSError:  # unlinked meanwhile
+            continue
+    if in_process:
+        return {n for n, i in inode.items() if i in mapped}
+    return {n for n, i in inode.items() if i not in mapped}
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def cli_command(run_dir: Path, *overrides: str) -> list[str]:
+    """The CLI with W&B disabled unless an override sets wandb.mode (later overrides win)."""
+    base = [sys.executable, "-m", "impala_gpu", f"run_dir={run_dir}", "progress=false"]
+    return [*base, "wandb.mode=disabled", *overrides]
+
+
+def run_cli(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run training; afterwards assert no child process and no /dev/shm segment survives."""
+    marker = uuid.uuid4().hex
+    shm_before = shm_entries()
+    proc = subprocess.run(
+        cli_command(run_dir, *overrides),
+        cwd=run_dir.parent,
+        env={**os.environ, "IMPALA_TEST_MARKER": marker},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert processes_with_marker(marker) == [], "a child process outlived the run"
+    leaked = leaked_shm(shm_before)
+    assert leaked == set(), f"/dev/shm segments outlived the run: {leaked}"
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert lines, "metrics.jsonl is empty"
+    return [json.loads(line) for line in lines]
