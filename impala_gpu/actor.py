@@ -49,6 +49,53 @@ def bounded_lag_version(global_unroll: int, envs_per_actor: int, batch_size: int
     return max(0, update - k)
 
 
+class EnvStepper:
+    """A vector env and the per-env state the ring's layout needs (see ``impala_gpu/ring.py``):
+    the current observation, the reward received on arriving there, its terminated/truncated
+    flags, whether it starts an episode; plus each env's raw return and length so far.
+
+    Every env autoresets on the NEXT step (gymnasium's NEXT_STEP mode): the step after an
+    episode's final observation returns the next episode's first one, with reward 0.
+    """
+
+    def __init__(self, env, cfg: Config, spec: EnvSpec, seed: int):
+        E = cfg.envs_per_actor
+        self.env, self.clip_rewards = env, cfg.env.clip_rewards
+        self.episodic_life = cfg.env.episodic_life and spec.kind == "atari"
+        obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
+        self.obs = torch.from_numpy(obs_np)
+        self.reward = torch.zeros(E)
+        self.terminated = torch.zeros(E, dtype=torch.bool)
+        self.truncated = torch.zeros(E, dtype=torch.bool)
+        self.first = torch.ones(E, dtype=torch.bool)
+        self.ep_return = np.zeros(E)
+        self.ep_length = np.zeros(E, dtype=np.int64)
+
+    def step(self, action: Tensor) -> list[tuple[float, int]]:
+        """One step of every env. Returns the games that ended: (raw return, length)."""
+        obs_np, rew_np, term_np, trunc_np, info = self.env.step(action.numpy())
+        self.first = self.terminated | self.truncated
+        self.obs = torch.from_numpy(obs_np)
+        self.terminated = torch.from_numpy(np.asarray(term_np, dtype=bool))
+        self.truncated = torch.from_numpy(np.asarray(trunc_np, dtype=bool))
+        raw = np.asarray(rew_np, dtype=np.float64)
+        # The learner sees clipped rewards; reported returns stay the game's real score.
+        self.reward = torch.from_numpy(
+            np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw
+        ).float()
+        live = ~self.first.numpy()  # a reset step's reward belongs to no episode
+        self.ep_return[live] += raw[live]
+        self.ep_length[live] += 1
+        ended = (self.terminated | self.truncated).numpy()
+        if self.episodic_life:  # a lost life ends the training episode, not the game
+            lives = np.asarray(info.get("lives", np.zeros(len(ended))))
+            ended = self.truncated.numpy() | (self.terminated.numpy() & (lives == 0))
+        games = [(float(self.ep_return[j]), int(self.ep_length[j])) for j in np.flatnonzero(ended)]
+        self.ep_return[ended] = 0.0
+        self.ep_length[ended] = 0
+        return games
+
+
 def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles, seed: int) -> None:
     """Process entry point. Returns when ``handles.stop`` is set or the learner goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner coordinates Ctrl-C shutdown
@@ -98,22 +145,14 @@ def _run(
         return
     load_flat_into(model, flat)
 
-    obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
-    obs = torch.from_numpy(obs_np)
-    reward = torch.zeros(E)
-    terminated = torch.zeros(E, dtype=torch.bool)
-    truncated = torch.zeros(E, dtype=torch.bool)
-    first = torch.ones(E, dtype=torch.bool)
+    envs = EnvStepper(env, cfg, spec, seed)
     core = model.initial_state(E)
-    ep_return = np.zeros(E)
-    ep_length = np.zeros(E, dtype=np.int64)
-    episodic_life = cfg.env.episodic_life and spec.kind == "atari"
     bounded = cfg.bounded_lag is not None
     n_unroll = 0
 
     def act(core_state):
         with torch.no_grad():
-            out = model(obs.unsqueeze(0), first.unsqueeze(0), core_state)
+            out = model(envs.obs.unsqueeze(0), envs.first.unsqueeze(0), core_state)
         logits = out.logits[0]
         action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
         return action, logits, out.core_state
@@ -163,33 +202,14 @@ def _run(
         game_overs: list[tuple[float, int]] = []
         for t in range(T + 1):
             if t > 0:
-                obs_np, rew_np, term_np, trunc_np, info = env.step(action.numpy())
-                last = terminated | truncated
-                first = last.clone()
-                obs = torch.from_numpy(obs_np)
-                terminated = torch.from_numpy(np.asarray(term_np, dtype=bool))
-                truncated = torch.from_numpy(np.asarray(trunc_np, dtype=bool))
-                raw = np.asarray(rew_np, dtype=np.float64)
-                reward = torch.from_numpy(
-                    np.clip(raw, -1.0, 1.0) if cfg.env.clip_rewards else raw
-                ).float()
-                ep_return[~first.numpy()] += raw[~first.numpy()]
-                ep_length[~first.numpy()] += 1
-                ended = (terminated | truncated).numpy()
-                if episodic_life:
-                    lives = np.asarray(info.get("lives", np.zeros(E)))
-                    ended = truncated.numpy() | (terminated.numpy() & (lives == 0))
-                for j in np.flatnonzero(ended):
-                    game_overs.append((float(ep_return[j]), int(ep_length[j])))
-                    ep_return[j] = 0.0
-                    ep_length[j] = 0
+                game_overs += envs.step(action)
                 core = next_core
                 action, logits, next_core = act(core)
-            ring.obs[idx, t] = obs
-            ring.reward[idx, t] = reward
-            ring.terminated[idx, t] = terminated
-            ring.truncated[idx, t] = truncated
-            ring.first[idx, t] = first
+            ring.obs[idx, t] = envs.obs
+            ring.reward[idx, t] = envs.reward
+            ring.terminated[idx, t] = envs.terminated
+            ring.truncated[idx, t] = envs.truncated
+            ring.first[idx, t] = envs.first
             ring.action[idx, t] = action
             ring.logits[idx, t] = logits
         for item in items:

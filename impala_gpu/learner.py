@@ -237,19 +237,25 @@ def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
     raise ValueError(f"algo.optimizer={algo.optimizer!r} is not one of ('rmsprop', 'adam').")
 
 
-def make_lr_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: Config, frames_per_update: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear decay to 0 over ``total_frames`` (the paper), or constant."""
+def lr_factor(cfg: Config, frames: int) -> float:
+    """The learning rate's multiplier after ``frames`` frames: linear decay to 0 over
+    ``total_frames`` (the paper), or 1 for a constant schedule."""
     if cfg.algo.lr_schedule == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        return 1.0
     if cfg.algo.lr_schedule != "linear":
         raise ValueError(
             f"algo.lr_schedule={cfg.algo.lr_schedule!r} is not 'linear' or 'constant'."
         )
-    total = max(1, cfg.total_frames)
+    return max(0.0, 1.0 - frames / max(1, cfg.total_frames))
+
+
+def make_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: Config, frames_per_update: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``lr_factor`` per update, as a torch scheduler (its state goes into checkpoints)."""
+    lr_factor(cfg, 0)  # fail early on an unknown schedule
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda update: max(0.0, 1.0 - update * frames_per_update / total)
+        optimizer, lambda update: lr_factor(cfg, update * frames_per_update)
     )
 
 

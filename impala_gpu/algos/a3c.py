@@ -30,10 +30,11 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
+from impala_gpu.actor import EnvStepper
 from impala_gpu.algos.impala import save_weights
 from impala_gpu.config import AlgoCfg, Config
-from impala_gpu.envs import EnvSpec, derive_seeds, env_spec, make_vector_env, reset_vector_env
-from impala_gpu.learner import STAT_NAMES, Batch, make_optimizer, train_step
+from impala_gpu.envs import EnvSpec, derive_seeds, env_spec, make_vector_env
+from impala_gpu.learner import STAT_NAMES, Batch, lr_factor, make_optimizer, train_step
 from impala_gpu.logger import MetricsLogger
 from impala_gpu.models import CoreState, Policy, build_model
 from impala_gpu.progress import Progress
@@ -155,13 +156,6 @@ def make_shared_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimi
     return optimizer
 
 
-def lr_at(frames: int, cfg: Config) -> float:
-    """The learning rate after ``frames`` frames (``make_lr_scheduler``'s schedule)."""
-    if cfg.algo.lr_schedule == "constant":
-        return cfg.algo.learning_rate
-    return cfg.algo.learning_rate * max(0.0, 1.0 - frames / max(1, cfg.total_frames))
-
-
 class HogwildStep:
     """The optimizer ``learner.train_step`` sees: ``zero_grad`` clears the local model's grads,
     ``step`` hands them to the shared model and steps the shared optimizer (no lock: Hogwild).
@@ -242,7 +236,7 @@ def _work(
         seen = int(counters[:, UPDATES].sum())
         batch, episodes = rollout.collect(model)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(frames, cfg)
+            group["lr"] = cfg.algo.learning_rate * lr_factor(cfg, frames)
         stats = train_step(model, hogwild, batch, algo).numpy()  # type: ignore[arg-type]
         # The data is on-policy, so the ratios are 1 (up to float noise, which would make the
         # "rho > 1" fractions meaningless): report the exact values.
@@ -271,16 +265,8 @@ class Rollout:
     def __init__(self, env, cfg: Config, spec: EnvSpec, seed: int):
         E, T = cfg.envs_per_actor, cfg.unroll_length
         self.env, self.cfg = env, cfg
-        self.episodic_life = cfg.env.episodic_life and spec.kind == "atari"
-        obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
-        self.obs = torch.from_numpy(obs_np)
-        self.reward = torch.zeros(E)
-        self.terminated = torch.zeros(E, dtype=torch.bool)
-        self.truncated = torch.zeros(E, dtype=torch.bool)
-        self.first = torch.ones(E, dtype=torch.bool)
+        self.envs = EnvStepper(env, cfg, spec, seed)
         self.core: CoreState | None = None  # the model's initial state, on the first collect
-        self.ep_return = np.zeros(E)
-        self.ep_length = np.zeros(E, dtype=np.int64)
         # One reused buffer: train_step is done with it before the next collect.
         self.batch = Batch(
             obs=torch.empty(T + 1, E, *spec.obs_shape, dtype=numpy_to_torch_dtype(spec.obs_dtype)),
@@ -298,13 +284,13 @@ class Rollout:
         (raw return, length)."""
         b, episodes = self.batch, []
         if self.core is None:
-            self.core = model.initial_state(self.obs.shape[0])
+            self.core = model.initial_state(self.envs.obs.shape[0])
         b.core_state = core = self.core
         # Step 0 re-acts on the carried observation with the new weights (IMPALA's actor keeps
         # the action it drew there last unroll): every recorded logit is the current policy's.
         action, next_core = self._act(model, core, 0)
         for t in range(1, self.cfg.unroll_length + 1):
-            episodes += self._step(action)
+            episodes += self.envs.step(action)
             core = next_core
             action, next_core = self._act(model, core, t)
         self.core = core  # the state before step T, which is the next unroll's step 0
@@ -312,38 +298,15 @@ class Rollout:
 
     def _act(self, model: Policy, core: CoreState, t: int) -> tuple[Tensor, CoreState]:
         """Sample actions at the current observation and record step ``t`` of the batch."""
-        out = model(self.obs.unsqueeze(0), self.first.unsqueeze(0), core)
+        e = self.envs
+        out = model(e.obs.unsqueeze(0), e.first.unsqueeze(0), core)
         logits = out.logits[0]
         action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
         b = self.batch
-        b.obs[t], b.reward[t], b.first[t] = self.obs, self.reward, self.first
-        b.terminated[t], b.truncated[t] = self.terminated, self.truncated
+        b.obs[t], b.reward[t], b.first[t] = e.obs, e.reward, e.first
+        b.terminated[t], b.truncated[t] = e.terminated, e.truncated
         b.action[t], b.logits[t] = action, logits
         return action, out.core_state
-
-    def _step(self, action: Tensor) -> list[tuple[float, int]]:
-        """One env step, NEXT_STEP autoreset (actor._run's inner step). Returns ended episodes."""
-        obs_np, rew_np, term_np, trunc_np, info = self.env.step(action.numpy())
-        self.first = self.terminated | self.truncated
-        self.obs = torch.from_numpy(obs_np)
-        self.terminated = torch.from_numpy(np.asarray(term_np, dtype=bool))
-        self.truncated = torch.from_numpy(np.asarray(trunc_np, dtype=bool))
-        raw = np.asarray(rew_np, dtype=np.float64)
-        clipped = np.clip(raw, -1.0, 1.0) if self.cfg.env.clip_rewards else raw
-        self.reward = torch.from_numpy(clipped).float()
-        live = ~self.first.numpy()  # a reset step's reward belongs to no episode
-        self.ep_return[live] += raw[live]
-        self.ep_length[live] += 1
-        ended = (self.terminated | self.truncated).numpy()
-        if self.episodic_life:  # a lost life ends the training episode, not the game
-            lives = np.asarray(info.get("lives", np.zeros(len(ended))))
-            ended = self.truncated.numpy() | (self.terminated.numpy() & (lives == 0))
-        episodes = [
-            (float(self.ep_return[j]), int(self.ep_length[j])) for j in np.flatnonzero(ended)
-        ]
-        self.ep_return[ended] = 0.0
-        self.ep_length[ended] = 0
-        return episodes
 
 
 # -- main process -------------------------------------------------------------------------------
@@ -422,7 +385,7 @@ def _counter_metrics(
         learner_busy=float("nan"),
         learner_wait=float("nan"),
         learner_overhead=float("nan"),
-        lr=lr_at(frames, cfg),
+        lr=cfg.algo.learning_rate * lr_factor(cfg, frames),
     )
 
 
