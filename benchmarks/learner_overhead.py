@@ -66,7 +66,7 @@ def feed(ring: TrajectoryRing, stop, index: int) -> None:
             continue
         for name, t in ring.fields.items():
             t[item[0]].copy_(data[name])
-        ring.commit(item)
+        ring.commit(index, item)
 
 
 def synthetic_batch(ring: TrajectoryRing, B: int, device: torch.device) -> Batch:

@@ -213,7 +213,7 @@ def _run(
             ring.action[idx, t] = action
             ring.logits[idx, t] = logits
         for item in items:
-            ring.commit(item)
+            ring.commit(actor_id, item)
         n_unroll += 1
         counters[actor_id, STEPS] += T * E
         counters[actor_id, UNROLLS] += 1

@@ -2,8 +2,8 @@
 
 One preallocated shared tensor per field, shaped ``[num_slots, T+1, ...]``. A slot holds one
 env's unroll of T transitions (T+1 observations: the last one is the first of the next unroll,
-so the learner can bootstrap). Slot *indices* travel between processes through a free queue
-and a full queue; trajectories never go through a pipe.
+so the learner can bootstrap). Slot *indices* travel between processes through queues (a free
+and a full queue per actor); trajectories never go through a pipe.
 
 Per index t of a slot (dm_env / TorchBeast convention, "what the env said at t, what the agent
 did at t"):
@@ -38,6 +38,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
 
 import numpy as np
 import torch
@@ -91,7 +92,8 @@ class TrajectoryRing:
     """The ring's tensors and its index queues. Picklable to spawn/forkserver children.
 
     Each actor has its own free queue, filled by the learner's :class:`SlotManager`, so the
-    learner always knows which slots a given actor holds and can take them back if it dies.
+    learner always knows which slots a given actor holds and can take them back if it dies;
+    and its own full queue, so a process killed mid-write can't jam the others.
     Queue items are ``(slot, generation)``: reclaiming a slot bumps its generation, so an item
     a dying actor left behind in the full queue is recognised as stale and dropped.
     """
@@ -107,7 +109,10 @@ class TrajectoryRing:
             for name, (shape, dt) in spec.field_shapes().items()
         }
         self.free_queues = [ctx.Queue() for _ in range(num_actors)]
-        self.full_queue = ctx.Queue()
+        # One full queue per actor too: an actor SIGKILLed while its feeder thread holds a
+        # queue's write lock leaves that lock held forever, so no queue may be shared.
+        self.full_queues = [ctx.Queue() for _ in range(num_actors)]
+        self._next = 0
 
     def __getattr__(self, name: str) -> Tensor:
         fields = self.__dict__.get("fields")
@@ -123,28 +128,37 @@ class TrajectoryRing:
         except queue.Empty:
             return None
 
-    def commit(self, item: tuple[int, int]) -> None:
+    def commit(self, actor: int, item: tuple[int, int]) -> None:
         """Hand a written slot to the learner."""
-        self.full_queue.put(item)
+        self.full_queues[actor].put(item)
 
     # -- learner side --------------------------------------------------------------------
     def take(self, timeout: float | None = None) -> tuple[int, int] | None:
-        """A full ``(slot, generation)``, or None after ``timeout`` seconds."""
-        try:
-            return self.full_queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        """A full ``(slot, generation)`` from any actor, or None after ``timeout`` seconds."""
+        queues = list(self.full_queues)  # the supervisor may swap one in meanwhile
+        ready = {id(r) for r in mp_connection.wait([q._reader for q in queues], timeout)}
+        n = len(queues)
+        for k in range(n):  # round-robin, so no actor is starved
+            q = queues[(self._next + k) % n]
+            if id(q._reader) in ready:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    continue
+                self._next = (self._next + k + 1) % n
+                return item
+        return None
 
     def occupancy(self) -> float:
         """Fraction of slots full and waiting for the learner (approximate, from qsize)."""
         try:
-            return self.full_queue.qsize() / self.spec.num_slots
+            return sum(q.qsize() for q in self.full_queues) / self.spec.num_slots
         except NotImplementedError:  # macOS
             return float("nan")
 
     def close(self) -> None:
         """Drop the queues' feeder threads so the owner can exit promptly."""
-        for q in (*self.free_queues, self.full_queue):
+        for q in (*self.free_queues, *self.full_queues):
             q.cancel_join_thread()
             q.close()
 
@@ -190,19 +204,21 @@ class SlotManager:
             self.owner[slot] = -1
             return slot
 
-    def reclaim(self, actor: int, fresh_queue) -> int:
-        """Take back every slot of a dead actor; its replacement gets ``fresh_queue`` (the old
-        one may hold items nobody will read). Returns how many slots came back."""
+    def reclaim(self, actor: int, fresh_free, fresh_full) -> int:
+        """Take back every slot of a dead actor; its replacement gets fresh queues (the old
+        ones may hold items nobody will read, or a lock the dead process held). Returns how
+        many slots came back."""
         with self.lock:
-            old = self.ring.free_queues[actor]
-            self.ring.free_queues[actor] = fresh_queue
+            old = (self.ring.free_queues[actor], self.ring.full_queues[actor])
+            self.ring.free_queues[actor] = fresh_free
+            self.ring.full_queues[actor] = fresh_full
             slots = [s for s, o in enumerate(self.owner) if o == actor]
             for s in slots:
                 self.generation[s] += 1  # anything of it still in flight is now stale
                 self.owner[s] = -1
         # Keep the old queue referenced: an actor still starting up may be unpickling it, and
         # garbage-collecting it here would unlink its semaphores under that actor's feet.
-        self.retired_queues.append(old)
+        self.retired_queues.extend(old)
         for s in slots:
             self.give(s)
         return len(slots)

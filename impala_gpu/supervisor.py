@@ -120,7 +120,7 @@ class ActorPool:
                 f"{self.cfg.max_actor_restarts}; the actors are crash-looping, stopping the run. "
                 "Fix: see the causes in events.jsonl; raise max_actor_restarts if they are rare."
             )
-        reclaimed = self.slots.reclaim(i, self.ctx.Queue())
+        reclaimed = self.slots.reclaim(i, self.ctx.Queue(), self.ctx.Queue())
         seed = derive_seeds(self.cfg.seed, 1, salt=10_000 + self.seed_salt * 1_000 + self.restarts)[
             0
         ]

@@ -41,13 +41,13 @@ def produce(ring: TrajectoryRing, producer: int, count: int) -> None:
             t[slot] = pattern(producer, n, name, t[slot])
         ring.actor[slot] = producer
         ring.unroll[slot] = n
-        ring.commit(item)
+        ring.commit(producer, item)
 
 
 def hold_and_hang(ring: TrajectoryRing, producer: int) -> None:
     """Take slots, commit one, then hang holding the others (to be SIGKILLed)."""
     items = [ring.acquire(producer, timeout=30) for _ in range(2)]
-    ring.commit(items[0])
+    ring.commit(producer, items[0])
     time.sleep(600)
 
 
@@ -100,8 +100,8 @@ def test_a_killed_producers_slots_are_reclaimed_and_its_leftovers_dropped():
         assert first is not None
         victim.kill()
         victim.join(timeout=10)
-        reclaimed = slots.reclaim(0, ctx.Queue())
-        # 3 slots were given to producer 0; one is committed and still in the full queue.
+        reclaimed = slots.reclaim(0, ctx.Queue(), ctx.Queue())
+        # 3 slots were given to producer 0; one was committed (and taken, but not accepted).
         assert reclaimed == 3
         assert slots.accept(first) is None, "an item of a reclaimed slot must be stale"
         assert slots.stale_dropped == 1
@@ -110,7 +110,9 @@ def test_a_killed_producers_slots_are_reclaimed_and_its_leftovers_dropped():
         # The replacement gets fresh items with new generations through the new queue.
         fresh = [ring.acquire(0, timeout=10) for _ in range(len(slots.held_by(0)))]
         assert all(f is not None for f in fresh)
-        assert slots.accept(fresh[0]) == fresh[0][0]
+        # ... and commits through its own fresh full queue (the dead one's may be jammed).
+        ring.commit(0, fresh[0])
+        assert slots.accept(ring.take(timeout=30)) == fresh[0][0]
     finally:
         if victim.is_alive():
             victim.kill()
