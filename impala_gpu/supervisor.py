@@ -144,15 +144,10 @@ class ActorPool:
         live = [p for p in self.procs if p is not None]
         for p in live:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
-        end_stragglers(live)
-
-
-def end_stragglers(procs) -> None:
-    """SIGTERM, then SIGKILL, whatever is still alive after a polite stop; reap them all."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=2)
-        if p.is_alive():
-            p.kill()
-        p.join(timeout=2)
+        for p in live:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)

@@ -39,7 +39,6 @@ from impala_gpu.logger import MetricsLogger
 from impala_gpu.models import CoreState, Policy, build_model
 from impala_gpu.progress import Progress
 from impala_gpu.ring import numpy_to_torch_dtype
-from impala_gpu.supervisor import end_stragglers
 from impala_gpu.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, validate_config
 
@@ -440,5 +439,11 @@ def stop_workers(
     deadline = time.monotonic() + timeout
     while any(p.is_alive() for p in started) and time.monotonic() < deadline:
         _drain(h.reports, on_report, timeout=0.05)
-    end_stragglers(started)
+    for p in started:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=2)
     _drain(h.reports, on_report, timeout=0)
