@@ -1,4 +1,4 @@
-from impala_gpu.cli import main
+from impala_gpu.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -20,6 +20,7 @@ from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env, reset_vector
 from impala_gpu.models import build_model
 from impala_gpu.params import ParamStore, flat_parameters, load_flat_into
 from impala_gpu.ring import TrajectoryRing
+from impala_gpu.speed import autocast
 
 # Columns of the shared per-actor counters tensor [num_actors, NUM_COUNTERS].
 STEPS, IDLE_NS, UNROLLS, HEARTBEAT_NS = range(4)
@@ -151,11 +152,11 @@ def _run(
     n_unroll = 0
 
     def act(core_state):
-        with torch.no_grad():
+        with torch.no_grad(), autocast("cpu", cfg.precision):
             out = model(envs.obs.unsqueeze(0), envs.first.unsqueeze(0), core_state)
-        logits = out.logits[0]
+        logits = out.logits[0].float()
         action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
-        return action, logits, out.core_state
+        return action, logits, tuple(s.float() for s in out.core_state)
 
     action, logits, next_core = act(core)
     while not should_stop():

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.checkpoint import resolve_checkpoint
 from impala_gpu.config import Config, register_configs, save_config
+from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import LAST_SWEEP_FAILURES, record_failure
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -24,16 +25,14 @@ register_configs()
 
 def algo_registry() -> dict[str, Any]:
     """algo.name -> train(cfg, run_dir, sweep). Imported lazily: start-up stays fast."""
-    from impala_gpu.algos import a2c, impala
+    from impala_gpu.algos import a2c, a3c, impala
 
-    algos = {"impala": impala.train, "impala_nocorrection": impala.train, "a2c": a2c.train}
-    try:
-        from impala_gpu.algos import a3c
-
-        algos["a3c"] = a3c.train
-    except ImportError:  # pragma: no cover - a3c lands separately
-        pass
-    return algos
+    return {
+        "impala": impala.train,
+        "impala_nocorrection": impala.train,
+        "a2c": a2c.train,
+        "a3c": a3c.train,
+    }
 
 
 def _sweep_info() -> tuple[str, dict[str, Any]]:
@@ -116,3 +115,10 @@ def main() -> None:
         sys.exit(143 if isinstance(e, Terminated) else 130)
     # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)
+
+
+def entry() -> None:
+    """Command-line entry: restart under tcmalloc when it is installed (see
+    ``impala_gpu/speed.py``), then ``main``."""
+    reexec_with_tcmalloc()
+    main()

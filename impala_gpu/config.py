@@ -103,6 +103,8 @@ class Config:
     refresh_every: int = 1  # actors load new weights only once the learner is K updates ahead
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
     learner_threads: int = 0  # torch threads in the learner (0: all cores on CPU, 2 on CUDA)
+    precision: str = "fp32"  # fp32 | bf16: autocast the learner's and actors' forward passes
+    compile: bool = False  # torch.compile the learner's model (slower first updates)
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line
     run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from impala_gpu.config import AlgoCfg, Config
 from impala_gpu.losses import discounts_from_terminated, impala_loss
 from impala_gpu.ring import STEP_FIELDS, SlotManager, TrajectoryRing
+from impala_gpu.speed import autocast
 
 
 @dataclass
@@ -274,16 +275,26 @@ STAT_NAMES = (
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, algo: AlgoCfg
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    algo: AlgoCfg,
+    precision: str = "fp32",
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
-    so reading them costs one device sync)."""
-    out = model(batch.obs, batch.first, batch.core_state)
+    so reading them costs one device sync).
+
+    ``precision="bf16"`` runs the forward pass under bf16 autocast; V-trace and the loss are
+    computed from fp32 casts of the logits and values, and backward runs outside autocast.
+    """
+    with autocast(batch.obs.device, precision):
+        out = model(batch.obs, batch.first, batch.core_state)
+    logits, values = out.logits.float(), out.value.float()
     rewards = batch.reward[1:]
     loss = impala_loss(
-        target_logits_t=out.logits[:-1],
-        values_t=out.value[:-1],
-        bootstrap_value=out.value[-1],
+        target_logits_t=logits[:-1],
+        values_t=values[:-1],
+        bootstrap_value=values[-1],
         behavior_logits=batch.logits[:-1],
         actions=batch.action[:-1],
         rewards=rewards,

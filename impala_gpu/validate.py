@@ -8,6 +8,7 @@ import torch
 from impala_gpu.config import Config
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.models import MODEL_NAMES
+from impala_gpu.speed import PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -102,6 +103,11 @@ def validate_config(cfg: Config) -> None:
             "bounded_lag and max_policy_lag can't be combined: bounded lag never produces stale "
             "data to drop. Fix: max_policy_lag=0.",
         )
+    _require(
+        cfg.precision in PRECISIONS,
+        f"precision={cfg.precision!r} is not one of {PRECISIONS}. Fix: precision=fp32 (default) "
+        "or precision=bf16 (bf16 autocast: faster on CPUs with AVX-512/AMX and on GPUs).",
+    )
     _require(
         cfg.start_method in ("spawn", "forkserver"),
         f"start_method={cfg.start_method!r}: use spawn or forkserver.",

@@ -39,6 +39,7 @@ from impala_gpu.logger import MetricsLogger
 from impala_gpu.models import CoreState, Policy, build_model
 from impala_gpu.progress import Progress
 from impala_gpu.ring import numpy_to_torch_dtype
+from impala_gpu.speed import autocast
 from impala_gpu.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, validate_config
 
@@ -237,7 +238,7 @@ def _work(
         batch, episodes = rollout.collect(model)
         for group in optimizer.param_groups:
             group["lr"] = cfg.algo.learning_rate * lr_factor(cfg, frames)
-        stats = train_step(model, hogwild, batch, algo).numpy()  # type: ignore[arg-type]
+        stats = train_step(model, hogwild, batch, algo, cfg.precision).numpy()  # type: ignore[arg-type]
         # The data is on-policy, so the ratios are 1 (up to float noise, which would make the
         # "rho > 1" fractions meaningless): report the exact values.
         stats[_CLIPPED_RHO], stats[_CLIPPED_PG_RHO], stats[_MEAN_RHO] = 0.0, 0.0, 1.0
@@ -299,14 +300,15 @@ class Rollout:
     def _act(self, model: Policy, core: CoreState, t: int) -> tuple[Tensor, CoreState]:
         """Sample actions at the current observation and record step ``t`` of the batch."""
         e = self.envs
-        out = model(e.obs.unsqueeze(0), e.first.unsqueeze(0), core)
-        logits = out.logits[0]
+        with autocast("cpu", self.cfg.precision):
+            out = model(e.obs.unsqueeze(0), e.first.unsqueeze(0), core)
+        logits = out.logits[0].float()
         action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
         b = self.batch
         b.obs[t], b.reward[t], b.first[t] = e.obs, e.reward, e.first
         b.terminated[t], b.truncated[t] = e.terminated, e.truncated
         b.action[t], b.logits[t] = action, logits
-        return action, out.core_state
+        return action, tuple(s.float() for s in out.core_state)
 
 
 # -- main process -------------------------------------------------------------------------------

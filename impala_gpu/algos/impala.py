@@ -42,6 +42,7 @@ from impala_gpu.models import build_model
 from impala_gpu.params import ParamStore
 from impala_gpu.progress import Progress
 from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.speed import allocator, compile_model
 from impala_gpu.supervisor import ActorPool
 from impala_gpu.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
@@ -62,6 +63,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
 
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)
+    compile_model(model, cfg.compile)
     frames_per_update = cfg.batch_size * cfg.unroll_length * spec.frames_per_step
     scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
     tele = Telemetry(STAT_NAMES, device.type == "cuda")
@@ -114,6 +116,25 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
                 file=sys.stderr,
                 flush=True,
             )
+
+    setup = {
+        "event": "start",
+        "device": str(device),
+        "learner_threads": threads,
+        "precision": cfg.precision,
+        "compile": cfg.compile,
+        "allocator": allocator(),
+        "actors": cfg.num_actors,
+        "envs_per_actor": cfg.envs_per_actor,
+    }
+    logger.event(setup)
+    print(
+        f"impala_gpu: learner on {device} ({threads} threads, {cfg.precision}"
+        f"{', compiled' if cfg.compile else ''}, {allocator()} malloc); {cfg.num_actors} actors "
+        f"x {cfg.envs_per_actor} envs, T={cfg.unroll_length}, B={cfg.batch_size}",
+        file=sys.stderr,
+        flush=True,
+    )
 
     # A resumed run must not replay the trajectories it already learned from (salt).
     pool = ActorPool(ctx, cfg, spec, handles, slots, st.resumes, tele, on_event)
@@ -273,7 +294,7 @@ def learn(L: Loop) -> dict[str, Any]:
                 continue
             k, batch = got
             timer = _GpuTimer() if batcher.cuda else None
-            stats = train_step(L.model, L.optimizer, batch, cfg.algo)
+            stats = train_step(L.model, L.optimizer, batch, cfg.algo, cfg.precision)
             if timer is not None:
                 tele.window.gpu_events.append(timer.stop())
             stats_np = stats.cpu().numpy()  # the one host-device sync per update

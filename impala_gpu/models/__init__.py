@@ -136,12 +136,11 @@ class Policy(nn.Module):
             raise ValueError(f"obs shape {tuple(obs.shape)} does not end in {self.obs_shape}")
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *self.obs_shape)
-        if x.dtype == torch.uint8:
-            x = x.float().mul_(1.0 / 255.0)
-        else:
-            x = x.float()
-        if self.channels_last:
+        if self.channels_last:  # transposed while still uint8: a quarter of the bytes to move
             x = x.contiguous(memory_format=torch.channels_last)
+        x = x.float()  # keeps the memory format
+        if obs.dtype == torch.uint8:
+            x = x.mul_(1.0 / 255.0)
         features = self.torso(x)
         if self.lstm is not None:
             if len(core_state) != 2:
