@@ -102,7 +102,7 @@ class Config:
     max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
     refresh_every: int = 1  # actors load new weights only once the learner is K updates ahead
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
-    learner_threads: int = 0  # torch threads in the learner (0: all cores on CPU, 2 on CUDA)
+    learner_threads: int = 0  # learner torch threads; 0: auto (speed.default_learner_threads)
     precision: str = "fp32"  # fp32 | bf16: autocast the learner's and actors' forward passes
     compile: bool = False  # torch.compile the learner's model (slower first updates)
     log_interval_s: float = 5.0  # seconds between metric lines

@@ -54,6 +54,21 @@ def compile_model(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
     return model
 
 
+def default_learner_threads(device_type: str, precision: str, cores: int, num_actors: int) -> int:
+    """torch threads for the learner when ``learner_threads=0``.
+
+    A CUDA learner only launches kernels: 2. A CPU learner is the bottleneck on small boxes and
+    shares the cores with the actors. In fp32 it scales well (1.9x from 2 threads) and gets
+    every core; bf16 kernels scale poorly (1.3x), so a bf16 learner leaves the actors their
+    cores. Both choices measured end to end on 2 cores (benchmarks/README.md).
+    """
+    if device_type == "cuda":
+        return 2
+    if precision == "bf16":
+        return max(1, cores - num_actors)
+    return cores
+
+
 def find_tcmalloc() -> str | None:
     """Path of a tcmalloc shared library on this machine, or None (Debian/Ubuntu:
     ``apt-get install libtcmalloc-minimal4``)."""

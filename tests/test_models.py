@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from impala_gpu.config import ModelCfg
-from impala_gpu.models import build_model, resolve_model_name
+from impala_gpu.models import InputConv, build_model, resolve_model_name
 
 ATARI_OBS = (4, 84, 84)
 ATARI_ACTIONS = 6
@@ -200,13 +200,19 @@ def test_channels_last_matches_contiguous(name, use_lstm):
     cl = _model(name, ATARI_OBS, ATARI_ACTIONS, use_lstm, seed=123, channels_last=True)
     cl.load_state_dict(ref.state_dict())
     convs = [m for m in cl.modules() if isinstance(m, nn.Conv2d)]
-    assert convs and all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in convs)
+    inner = [m for m in convs if not isinstance(m, InputConv)]
+    assert len(inner) == len(convs) - 1, "one input conv per torso"
+    assert all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in inner)
     obs = _obs(ATARI_OBS)
     with torch.no_grad():
         a = ref(obs, _no_first(), ref.initial_state(B))
         b = cl(obs, _no_first(), cl.initial_state(B))
     torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(a.value, b.value, rtol=0, atol=1e-5)
+    # Training (grad on) takes a channels_last input in fp32: same outputs again.
+    c = cl(obs, _no_first(), cl.initial_state(B))
+    torch.testing.assert_close(a.logits, c.logits.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(a.value, c.value.detach(), rtol=0, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- model names

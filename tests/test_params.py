@@ -84,7 +84,7 @@ def test_round_trip_keeps_channels_last_weights():
     flat = torch.empty(store.flat.shape[1])
     assert store.read(flat, timeout=1) == 1
     load_flat_into(dst, flat)
-    conv = dst.torso.convs[0].weight
+    conv = dst.torso.convs[2].weight  # [0] is the InputConv, NCHW by design
     assert conv.is_contiguous(memory_format=torch.channels_last)
     for a, b in zip(src.parameters(), dst.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -42,7 +42,7 @@ from impala_gpu.models import build_model
 from impala_gpu.params import ParamStore
 from impala_gpu.progress import Progress
 from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
-from impala_gpu.speed import allocator, compile_model
+from impala_gpu.speed import allocator, compile_model, default_learner_threads
 from impala_gpu.supervisor import ActorPool
 from impala_gpu.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
@@ -56,9 +56,9 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     spec = env_spec(cfg.env)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
-    # A CPU learner is the bottleneck on small boxes: it gets every core and shares them with
-    # the actors (measured faster than cores - actors here). A CUDA learner needs few threads.
-    threads = cfg.learner_threads or (2 if device.type == "cuda" else (os.cpu_count() or 1))
+    threads = cfg.learner_threads or default_learner_threads(
+        device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
+    )
     torch.set_num_threads(threads)
 
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
