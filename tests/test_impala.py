@@ -70,6 +70,9 @@ def test_cartpole_learns_with_two_actors(tmp_path):
         total = m["learner_busy"] + m["learner_wait"] + m["learner_overhead"]
         assert total == pytest.approx(1.0, abs=1e-6)
     assert max(m["policy_lag_max"] for m in metrics) > 0, "async actors should show some lag"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    hints = [e for e in events if e["event"] == "tuning_hint"]
+    assert len(hints) == 1 and hints[0]["bound"] in ("actors", "learner", "balanced")
 
 
 def test_pong_smoke_writes_every_metric(tmp_path):

@@ -45,6 +45,7 @@ from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torc
 from impala_gpu.speed import allocator, compile_model, default_learner_threads
 from impala_gpu.supervisor import ActorPool
 from impala_gpu.telemetry import Telemetry
+from impala_gpu.tuning import diagnose
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
 
 
@@ -251,6 +252,7 @@ class LoopState:
     nonfinite_streak: int = 0
     actor_steps: int = 0
     actor_idle_ns: np.ndarray | None = None
+    logs: int = 0  # metric lines written by this process
 
 
 @dataclass
@@ -271,6 +273,9 @@ class Loop:
     checkpointer: Checkpointer
     save_checkpoint: Any
     frames_per_step: int
+
+
+HINT_AT_LOG = 3  # metric line after which the tuning hint is printed
 
 
 def learn(L: Loop) -> dict[str, Any]:
@@ -379,6 +384,11 @@ def _log(L: Loop) -> dict[str, Any]:
         time=time.time(),
     )
     st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
+    st.logs += 1
+    if st.logs == HINT_AT_LOG:  # the first windows hold start-up and warm-up
+        hint = diagnose(m, L.cfg, os.cpu_count() or 1, L.batcher.device.type, allocator())
+        L.logger.event(hint.as_event())
+        print(f"impala_gpu: {hint.describe()}", file=sys.stderr, flush=True)
     L.logger.log(m, hist)
     L.logger.write_json("lag_hist.json", tele.lag_histogram())
     return m
