@@ -31,6 +31,7 @@ from impala_gpu.envs import env_spec, make_vector_env  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
 from impala_gpu.params import ParamStore  # noqa: E402
 from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
+from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
 from impala_gpu.validate import resolve_num_slots  # noqa: E402
 
 
@@ -147,6 +148,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
+    reexec_with_tcmalloc()  # as the CLI does (IMPALA_GPU_TCMALLOC=0: glibc malloc)
 
     cfg = Config(
         env=EnvCfg(id=args.env),

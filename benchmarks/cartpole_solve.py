@@ -3,6 +3,7 @@ reaches 475, per seed, on this machine.
 
     python benchmarks/cartpole_solve.py                        # experiment=cartpole_impala, 3 seeds
     python benchmarks/cartpole_solve.py --seeds 0 1 2 algo.learning_rate=1e-3
+    python benchmarks/cartpole_solve.py --name cartpole_solve_bf16 precision=bf16
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threshold", type=float, default=475.0)
     ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--name", default="cartpole_solve", help="result file name")
     args, overrides = ap.parse_known_args()
     runs = [solve(s, args.threshold, overrides) for s in args.seeds]
     solved = [r for r in runs if r["solved"]]
@@ -66,9 +68,9 @@ def main() -> None:
         "median_seconds": median([r["seconds_to_threshold"] for r in solved]),
         "median_frames_per_s": median([r["frames_per_s"] for r in runs]),
     }
-    path = write_result("cartpole_solve", result, args.out)
+    path = write_result(args.name, result, args.out)
     print(
-        f"cartpole_solve: solved {result['solved']}; median {result['median_frames']:,.0f} frames, "
+        f"{args.name}: solved {result['solved']}; median {result['median_frames']:,.0f} frames, "
         f"{result['median_seconds']:.1f} s to {args.threshold:g}; "
         f"{result['median_frames_per_s']:,.0f} frames/s  ({path})"
     )

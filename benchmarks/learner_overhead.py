@@ -36,6 +36,7 @@ from impala_gpu.ring import (  # noqa: E402
     TrajectoryRing,
     numpy_to_torch_dtype,
 )
+from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
 from impala_gpu.validate import resolve_device  # noqa: E402
 
 
@@ -128,6 +129,7 @@ def main() -> None:
     ap.add_argument("--no-channels-last", dest="channels_last", action="store_false")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args()
+    reexec_with_tcmalloc()  # as the CLI does (IMPALA_GPU_TCMALLOC=0: glibc malloc)
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

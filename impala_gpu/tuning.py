@@ -40,9 +40,15 @@ class Hint:
 
 
 def diagnose(
-    m: dict[str, Any], cfg: Config, cores: int, device_type: str, allocator: str = "glibc"
+    m: dict[str, Any],
+    cfg: Config,
+    cores: int,
+    device_type: str,
+    allocator: str = "glibc",
+    conv: bool = True,
 ) -> Hint:
-    """``m``: one metrics line (learner_busy, learner_wait, actor_idle, ...)."""
+    """``m``: one metrics line (learner_busy, learner_wait, actor_idle, ...). ``conv``: the
+    model is a CNN (bf16 pays there; for a small MLP it was not measured to)."""
     busy, wait = float(m["learner_busy"]), float(m["learner_wait"])
     actor_idle = float(m.get("actor_idle", 0.0))
     cuda = device_type == "cuda"
@@ -52,19 +58,19 @@ def diagnose(
         spare = cores - cfg.num_actors - (1 if cuda else 0)
         if spare > 0:
             tips.append(f"num_actors={cfg.num_actors + spare}")  # one actor per free core
-        if cfg.precision == "fp32":
+        if cfg.precision == "fp32" and conv:
             tips.append("precision=bf16")  # actor inference at batch 16: 3.3 -> 2.0 ms on CPU
         return Hint("actors", reason, tips)
     if busy >= BUSY and actor_idle >= IDLE_ACTORS:
         reason = f"learner busy {busy:.0%}, actors idle {actor_idle:.0%} waiting for free slots"
         tips = []
-        if cfg.precision == "fp32":
+        if cfg.precision == "fp32" and conv:
             tips.append("precision=bf16")  # CPU, Pong: 6.2K -> 8.4K frames/s
         if not cuda and allocator != "tcmalloc":
             tips.append("LD_PRELOAD=<libtcmalloc_minimal.so.4>")  # CPU, Pong: 5.3K -> 6.2K
         if cuda:
             tips.append(f"batch_size={2 * cfg.batch_size}")  # a GPU step costs about the same
-        elif cfg.num_actors > 1 and cores <= cfg.num_actors:
+        elif cfg.num_actors > 1 and cores <= cfg.num_actors and conv:
             # Fewer actor processes, same envs: less CPU taken from the learner (2 cores,
             # Pong, fp32: 2x16 -> 1x32 envs, 6.2K -> 6.8K frames/s).
             fewer = cfg.num_actors - 1

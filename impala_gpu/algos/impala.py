@@ -253,6 +253,8 @@ class LoopState:
     actor_steps: int = 0
     actor_idle_ns: np.ndarray | None = None
     logs: int = 0  # metric lines written by this process
+    run_start: float = 0.0  # when this process's train loop started
+    hinted: bool = False
 
 
 @dataclass
@@ -275,7 +277,7 @@ class Loop:
     frames_per_step: int
 
 
-HINT_AT_LOG = 3  # metric line after which the tuning hint is printed
+HINT_AFTER_S = 20.0  # the tuning hint comes from the first log window after this
 
 
 def learn(L: Loop) -> dict[str, Any]:
@@ -285,7 +287,7 @@ def learn(L: Loop) -> dict[str, Any]:
     steps_per_update = cfg.batch_size * cfg.unroll_length
     frames_per_update = steps_per_update * L.frames_per_step
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
-    run_start = time.perf_counter()
+    run_start = st.run_start = time.perf_counter()
     deadline = run_start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
     last_log, last = run_start, {}
     try:
@@ -317,7 +319,7 @@ def learn(L: Loop) -> dict[str, Any]:
             now = time.perf_counter()
             done = st.frames >= cfg.total_frames or now >= deadline
             if now - last_log >= cfg.log_interval_s or done:
-                last = _log(L)
+                last = _log(L, final=done)
                 bar.update(st.frames, last)
                 last_log = now
             if not done and L.checkpointer.due(st.frames):
@@ -358,7 +360,7 @@ class _GpuTimer:
         return self.begin, self.end
 
 
-def _log(L: Loop) -> dict[str, Any]:
+def _log(L: Loop, final: bool = False) -> dict[str, Any]:
     st, tele = L.st, L.tele
     L.pool.drain()
     window_s = max(time.perf_counter() - tele.window.start, 1e-9)
@@ -385,8 +387,12 @@ def _log(L: Loop) -> dict[str, Any]:
     )
     st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
     st.logs += 1
-    if st.logs == HINT_AT_LOG:  # the first windows hold start-up and warm-up
-        hint = diagnose(m, L.cfg, os.cpu_count() or 1, L.batcher.device.type, allocator())
+    # Once: from the first window after start-up and warm-up, or the last one of a short run.
+    warm = st.logs >= 2 and time.perf_counter() - st.run_start >= HINT_AFTER_S
+    if not st.hinted and (warm or final):
+        st.hinted = True
+        cores, device = os.cpu_count() or 1, L.batcher.device.type
+        hint = diagnose(m, L.cfg, cores, device, allocator(), conv=L.model.is_image)
         L.logger.event(hint.as_event())
         print(f"impala_gpu: {hint.describe()}", file=sys.stderr, flush=True)
     L.logger.log(m, hist)
