@@ -82,6 +82,7 @@ def test_bf16_lstm_core_state_stays_fp32():
     with torch.no_grad(), speed.autocast("cpu", "bf16"):
         out = model(obs, torch.zeros(1, 3, dtype=torch.bool), model.initial_state(3))
     assert out.logits.dtype == torch.bfloat16  # autocast did run the heads in bf16
+    assert all(s.dtype == torch.float32 for s in out.core_state)  # the LSTM runs in fp32
     batch = random_batch(ATARI_OBS, ATARI_ACTIONS)
     batch.core_state = model.initial_state(batch.obs.shape[1])
     stats, _ = one_update(model, batch, "bf16")

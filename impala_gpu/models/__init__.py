@@ -166,21 +166,29 @@ class Policy(nn.Module):
         if self.lstm is not None:
             if len(core_state) != 2:
                 raise ValueError("this model has an LSTM core: pass core_state=(h, c)")
-            h, c = core_state
-            keep = (~first).to(features.dtype).unsqueeze(-1)  # [T, B, 1]
-            seq = features.view(T, B, -1)
-            outs = []
-            for t in range(T):
-                # A new episode starts from a zero state, also in the middle of an unroll.
-                h, c = h * keep[t], c * keep[t]
-                out, (h1, c1) = self.lstm(seq[t].unsqueeze(0), (h.unsqueeze(0), c.unsqueeze(0)))
-                h, c = h1.squeeze(0), c1.squeeze(0)
-                outs.append(out.squeeze(0))
-            features = torch.stack(outs).view(T * B, -1)
-            core_state = (h, c)
+            # The core runs in fp32 even under bf16 autocast: CUDA autocast would run cuDNN's
+            # LSTM in fp16 (with no grad scaler), and the recurrent state should not round.
+            with torch.autocast(features.device.type, enabled=False):
+                features, core_state = self._core(features.float(), first, core_state, T, B)
         logits = self.policy_head(features).view(T, B, self.num_actions)
         value = self.value_head(features).view(T, B)
         return PolicyOutput(logits, value, core_state)
+
+    def _core(
+        self, features: Tensor, first: Tensor, core_state: CoreState, T: int, B: int
+    ) -> tuple[Tensor, CoreState]:
+        """LSTM over time; features [T*B, H] -> [T*B, lstm_size], state reset where first."""
+        h, c = (s.float() for s in core_state)
+        keep = (~first).to(features.dtype).unsqueeze(-1)  # [T, B, 1]
+        seq = features.view(T, B, -1)
+        outs = []
+        for t in range(T):
+            # A new episode starts from a zero state, also in the middle of an unroll.
+            h, c = h * keep[t], c * keep[t]
+            out, (h1, c1) = self.lstm(seq[t].unsqueeze(0), (h.unsqueeze(0), c.unsqueeze(0)))
+            h, c = h1.squeeze(0), c1.squeeze(0)
+            outs.append(out.squeeze(0))
+        return torch.stack(outs).view(T * B, -1), (h, c)
 
 
 def _input_dtype(device_type: str) -> torch.dtype:
