@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, write_result  # noqa: E402
 
-from impala_gpu.actor import NUM_COUNTERS, STEPS, ActorHandles, actor_main  # noqa: E402
+from impala_gpu.actor import STEPS, ActorHandles, actor_main  # noqa: E402
 from impala_gpu.config import Config, EnvCfg, ModelCfg  # noqa: E402
 from impala_gpu.envs import env_spec, make_vector_env  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
@@ -83,13 +83,7 @@ def run_actors(ctx, cfg: Config, seconds: float, warmup: float) -> float:
     slots = SlotManager(ring)
     params = ParamStore.for_model(model)
     params.publish(model, version=0)
-    handles = ActorHandles(
-        ring=ring,
-        params=params,
-        counters=torch.zeros(cfg.num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_(),
-        episodes=ctx.Queue(),
-        stop=ctx.Event(),
-    )
+    handles = ActorHandles.create(ctx, ring, params, cfg.num_actors)
     drain_stop = threading.Event()
 
     def drain() -> None:  # the learner's side, minus the learning: free every slot at once

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import actors as actors_bench  # noqa: E402
 import throughput  # noqa: E402
 from common import write_result  # noqa: E402
-from learner_overhead import feed, synthetic_batch  # noqa: E402
+from learner_overhead import feed, stop_processes, synthetic_batch  # noqa: E402
 
 from impala_gpu.algos.impala import _GpuTimer  # noqa: E402
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg  # noqa: E402
@@ -330,10 +330,7 @@ def stage_ring(args, device, spec, ctx, save: Callable[[], None], rows: list, sy
             stop.set()
             if batcher is not None:
                 batcher.stop()
-            for p in feeders:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
+            stop_processes(feeders)
             ring.close()
 
 

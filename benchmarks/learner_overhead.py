@@ -70,6 +70,14 @@ def feed(ring: TrajectoryRing, stop, index: int) -> None:
         ring.commit(index, item)
 
 
+def stop_processes(procs, timeout: float = 5) -> None:
+    """Join each (already told to stop); kill what does not exit in time."""
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+
+
 def synthetic_batch(ring: TrajectoryRing, B: int, device: torch.device) -> Batch:
     slot = random_slot(ring, 0)
     fields = {
@@ -163,10 +171,7 @@ def main() -> None:
     finally:
         stop.set()
         batcher.stop()
-        for p in feeders:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+        stop_processes(feeders)
         ring.close()
 
     ratios = [f["updates_per_s"] / s for f, s in zip(fed, synth, strict=True)]

@@ -38,6 +38,13 @@ class ActorHandles:
     stop: object  # mp.Event
     start_version: int = 0  # the learner's version when these actors started (resume)
 
+    @classmethod
+    def create(
+        cls, ctx, ring: TrajectoryRing, params: ParamStore, num_actors: int, start_version: int = 0
+    ) -> ActorHandles:
+        counters = torch.zeros(num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_()
+        return cls(ring, params, counters, ctx.Queue(), ctx.Event(), start_version)
+
 
 def bounded_lag_version(global_unroll: int, envs_per_actor: int, batch_size: int, k: int) -> int:
     """The exact policy version an unroll uses in bounded-lag mode.

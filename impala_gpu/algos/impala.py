@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from impala_gpu.actor import IDLE_NS, NUM_COUNTERS, STEPS, ActorHandles
+from impala_gpu.actor import IDLE_NS, STEPS, ActorHandles
 from impala_gpu.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
@@ -90,14 +90,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     bounded = cfg.bounded_lag is not None
     params = ParamStore.for_model(model, history=(cfg.bounded_lag + 2) if bounded else 1)
     params.publish(model, version=st.version)
-    handles = ActorHandles(
-        ring=ring,
-        params=params,
-        counters=torch.zeros(cfg.num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_(),
-        episodes=ctx.Queue(),
-        stop=ctx.Event(),
-        start_version=st.version,
-    )
+    handles = ActorHandles.create(ctx, ring, params, cfg.num_actors, start_version=st.version)
     logger = MetricsLogger(run_dir, cfg, sweep, resume_id=resumed.get("wandb_id"))
     checkpointer = Checkpointer(
         run_dir,
