@@ -87,19 +87,21 @@ def synthetic_batch(ring: TrajectoryRing, B: int, device: torch.device) -> Batch
     return Batch(**fields, versions=torch.zeros(B, dtype=torch.int64))
 
 
-def run_synthetic(model, opt, algo, batch, updates: int) -> float:
+def run_synthetic(model, opt, algo, batch, updates: int, precision: str = "fp32") -> float:
     for _ in range(2):  # warm-up
-        train_step(model, opt, batch, algo).cpu()
+        train_step(model, opt, batch, algo, precision).cpu()
     t0 = time.perf_counter()
     for _ in range(updates):
-        train_step(model, opt, batch, algo).cpu()
+        train_step(model, opt, batch, algo, precision).cpu()
     return updates / (time.perf_counter() - t0)
 
 
-def run_ring(model, opt, algo, batcher: Batcher, updates: int) -> dict[str, float]:
+def run_ring(
+    model, opt, algo, batcher: Batcher, updates: int, precision: str = "fp32"
+) -> dict[str, float]:
     for _ in range(2):  # warm-up
         k, b = batcher.get()
-        train_step(model, opt, b, algo).cpu()
+        train_step(model, opt, b, algo, precision).cpu()
         batcher.done(k)
     busy = wait = 0.0
     start = time.perf_counter()
@@ -107,7 +109,7 @@ def run_ring(model, opt, algo, batcher: Batcher, updates: int) -> dict[str, floa
         t0 = time.perf_counter()
         k, b = batcher.get()
         t1 = time.perf_counter()
-        train_step(model, opt, b, algo).cpu()
+        train_step(model, opt, b, algo, precision).cpu()
         t2 = time.perf_counter()
         batcher.done(k)
         busy += t2 - t1
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--feeders", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--no-channels-last", dest="channels_last", action="store_false")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args()
@@ -166,8 +169,8 @@ def main() -> None:
     synth, fed = [], []
     try:
         for _ in range(args.repeats):
-            synth.append(run_synthetic(model, opt, algo, batch, args.updates))
-            fed.append(run_ring(model, opt, algo, batcher, args.updates))
+            synth.append(run_synthetic(model, opt, algo, batch, args.updates, args.precision))
+            fed.append(run_ring(model, opt, algo, batcher, args.updates, args.precision))
     finally:
         stop.set()
         batcher.stop()
@@ -187,9 +190,10 @@ def main() -> None:
         "ring_overhead_median": median([f["overhead"] for f in fed]),
         "frames_per_update": B * T * spec.frames_per_step,
     }
-    path = write_result(f"learner_overhead_{args.model}_{device.type}", result, args.out)
+    name = f"learner_overhead_{args.model}_{args.precision}_{device.type}"
+    path = write_result(name, result, args.out)
     print(
-        f"learner_overhead {args.model} {device}: ring {median(result['ring_updates_per_s']):.2f} "
+        f"{name}: ring {median(result['ring_updates_per_s']):.2f} "
         f"upd/s vs synthetic {median(synth):.2f} upd/s -> ratio {result['ratio_median']:.3f}; "
         f"busy {result['ring_busy_median']:.1%} wait {result['ring_wait_median']:.1%} "
         f"overhead {result['ring_overhead_median']:.1%}  ({path})"
