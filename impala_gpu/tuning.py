@@ -76,8 +76,6 @@ def diagnose(
             fewer = cfg.num_actors - 1
             envs = -(-cfg.num_actors * cfg.envs_per_actor // fewer)
             tips.append(f"num_actors={fewer} envs_per_actor={envs}")
-        if not cfg.compile:
-            tips.append("compile=true")
         return Hint("learner", reason, tips)
     reason = f"learner busy {busy:.0%}, waits {wait:.0%}; actors idle {actor_idle:.0%}"
     return Hint("balanced", reason, [])
