@@ -16,23 +16,14 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, write_result  # noqa: E402
+from common import cli_command, median, write_result  # noqa: E402
 
 
 def solve(seed: int, threshold: float, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "impala_gpu",
-            "experiment=cartpole_impala",
-            f"seed={seed}",
-            f"run_dir={tmp}",
-            "wandb.mode=disabled",
-            "progress=false",
-            "log_interval_s=1",
-            *overrides,
-        ]
+        cmd = cli_command(
+            tmp, "experiment=cartpole_impala", f"seed={seed}", "log_interval_s=1", *overrides
+        )
         subprocess.run(cmd, check=True)
         metrics = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     hit = next((m for m in metrics if (m.get("episode_return") or 0) >= threshold), None)

@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,13 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return info
+
+
+def cli_command(run_dir: str | Path, *overrides: str) -> list[str]:
+    """``python -m impala_gpu`` into ``run_dir``, W&B and the progress line off; later
+    overrides win."""
+    base = [sys.executable, "-m", "impala_gpu", f"run_dir={run_dir}"]
+    return [*base, "wandb.mode=disabled", "progress=false", *overrides]
 
 
 def write_result(name: str, result: dict[str, Any], out_dir: str | Path = "bench_out") -> Path:

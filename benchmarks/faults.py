@@ -19,24 +19,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from common import median, steady_windows, write_result  # noqa: E402
+from common import cli_command, median, steady_windows, write_result  # noqa: E402
 from test_faults import actor_pids  # noqa: E402
 
 
 def run(seconds: float, kill_every: float, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "impala_gpu",
-            f"run_dir={tmp}",
-            "wandb.mode=disabled",
-            "progress=false",
+        cmd = cli_command(
+            tmp,
             f"max_seconds={seconds}",
             "log_interval_s=5",
             "total_frames=10_000_000_000",
             *overrides,
-        ]
+        )
         proc = subprocess.Popen(cmd)
         kills = []
         metrics_path = Path(tmp) / "metrics.jsonl"

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, steady_windows, write_result  # noqa: E402
+from common import cli_command, median, steady_windows, write_result  # noqa: E402
 
 KEYS = (
     "agent_steps_per_s",
@@ -38,18 +38,13 @@ KEYS = (
 
 def run(seconds: float, overrides: list[str], log_interval: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "impala_gpu",
-            f"run_dir={tmp}",
-            "wandb.mode=disabled",
-            "progress=false",
+        cmd = cli_command(
+            tmp,
             f"max_seconds={seconds}",
             f"log_interval_s={log_interval}",
             "total_frames=10_000_000_000",
             *overrides,
-        ]
+        )
         subprocess.run(cmd, check=True)
         metrics = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     body = steady_windows(metrics)

@@ -78,6 +78,31 @@ def cli_command(run_dir: Path, *overrides: str) -> list[str]:
     return [*base, "wandb.mode=disabled", *overrides]
 
 
+def popen_marked(cmd: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` with a fresh IMPALA_TEST_MARKER in its environment (its children inherit
+    it, so ``processes_with_marker`` finds them); stdout and stderr are piped as text."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, "IMPALA_TEST_MARKER": marker},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, marker
+
+
+def wait_for_log(proc: subprocess.Popen, path: Path, ready, timeout: float, what: str) -> None:
+    """Poll until ``path`` exists and ``ready(its text)``; fail with the process's stderr if it
+    exits first, or with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and ready(path.read_text())):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
 def run_cli(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run training; afterwards assert no child process and no /dev/shm segment survives."""
     marker = uuid.uuid4().hex

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -17,7 +15,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
-from leakcheck import leaked_shm, processes_with_marker, read_metrics, shm_entries
+from leakcheck import (
+    leaked_shm,
+    popen_marked,
+    processes_with_marker,
+    read_metrics,
+    shm_entries,
+    wait_for_log,
+)
 from omegaconf import OmegaConf
 
 from impala_gpu.algos import a3c
@@ -261,23 +266,17 @@ a3c.train(cfg, sys.argv[1])
 
 @pytest.mark.slow
 def test_ctrl_c_stops_workers_and_keeps_weights(tmp_path):
-    marker = uuid.uuid4().hex
     shm_before = shm_entries()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_SCRIPT, str(tmp_path), *CARTPOLE, "log_interval_s=0.5"],
-        cwd=REPO,
-        env={**os.environ, "IMPALA_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = [sys.executable, "-c", CTRL_C_SCRIPT, str(tmp_path), *CARTPOLE, "log_interval_s=0.5"]
+    proc, marker = popen_marked(cmd, REPO)
     try:
-        deadline = time.monotonic() + 60
-        metrics = tmp_path / "metrics.jsonl"
-        while not (metrics.exists() and '"updates": 0,' not in metrics.read_text()):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "training never logged an update"
-            time.sleep(0.2)
+        wait_for_log(
+            proc,
+            tmp_path / "metrics.jsonl",
+            lambda text: '"updates": 0,' not in text,
+            60,
+            "training never logged an update",
+        )
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -4,18 +4,22 @@ continues its counters and metrics with no step missing or logged twice; SIGTERM
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
-import uuid
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from leakcheck import cli_command, leaked_shm, processes_with_marker, shm_entries
+from leakcheck import (
+    cli_command,
+    leaked_shm,
+    popen_marked,
+    processes_with_marker,
+    shm_entries,
+    wait_for_log,
+)
 
 from impala_gpu.algos.impala import LoopState, _guard_nonfinite, restore
 from impala_gpu.checkpoint import (
@@ -114,24 +118,11 @@ def test_repeated_nonfinite_updates_stop_after_saving():
 
 
 def _start(run_dir, *overrides):
-    marker = uuid.uuid4().hex
-    proc = subprocess.Popen(
-        cli_command(run_dir, *overrides),
-        cwd=run_dir.parent,
-        env={**os.environ, "IMPALA_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return proc, marker
+    return popen_marked(cli_command(run_dir, *overrides), run_dir.parent)
 
 
 def _wait_for_lines(proc, path, n, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().count("\n") >= n):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "training never logged"
-        time.sleep(0.2)
+    wait_for_log(proc, path, lambda text: text.count("\n") >= n, timeout, "training never logged")
 
 
 def _metrics(run_dir):

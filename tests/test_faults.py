@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from leakcheck import cli_command, leaked_shm, processes_with_marker, shm_entries
+from leakcheck import cli_command, leaked_shm, popen_marked, processes_with_marker, shm_entries
 
 pytestmark = pytest.mark.slow
 
@@ -49,16 +49,9 @@ def run_with_faults(tmp_path, inject, *overrides, expect_rc=0):
     """Start a CartPole run, call ``inject(proc, run_dir)`` once it trains, wait for the end,
     and check nothing leaked. Returns (run_dir, stderr)."""
     run_dir = tmp_path / "run"
-    marker = uuid.uuid4().hex
     shm_before = shm_entries()
-    proc = subprocess.Popen(
-        cli_command(run_dir, "experiment=cartpole_impala", "log_interval_s=0.5", *overrides),
-        cwd=tmp_path,
-        env={**os.environ, "IMPALA_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = cli_command(run_dir, "experiment=cartpole_impala", "log_interval_s=0.5", *overrides)
+    proc, marker = popen_marked(cmd, tmp_path)
     try:
         wait_for(
             lambda: (run_dir / "metrics.jsonl").exists() or proc.poll() is not None,

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -15,10 +11,12 @@ import torch
 from leakcheck import (
     cli_command,
     leaked_shm,
+    popen_marked,
     processes_with_marker,
     read_metrics,
     run_cli,
     shm_entries,
+    wait_for_log,
 )
 
 pytestmark = pytest.mark.slow
@@ -122,23 +120,12 @@ def test_bounded_lag_one_is_reproducible(tmp_path):
 
 def test_ctrl_c_stops_cleanly_and_keeps_weights(tmp_path):
     run_dir = tmp_path / "interrupted"
-    marker = uuid.uuid4().hex
     shm_before = shm_entries()
-    proc = subprocess.Popen(
-        cli_command(run_dir, "experiment=cartpole_impala", "log_interval_s=0.5"),
-        cwd=tmp_path,
-        env={**os.environ, "IMPALA_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = cli_command(run_dir, "experiment=cartpole_impala", "log_interval_s=0.5")
+    proc, marker = popen_marked(cmd, tmp_path)
+    metrics = run_dir / "metrics.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "training never logged"
-            time.sleep(0.2)
+        wait_for_log(proc, metrics, lambda t: t.count("\n") >= 2, 120, "training never logged")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
