@@ -163,7 +163,7 @@ def _run(
             out = model(envs.obs.unsqueeze(0), envs.first.unsqueeze(0), core_state)
         logits = out.logits[0].float()
         action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
-        return action, logits, tuple(s.float() for s in out.core_state)
+        return action, logits, out.core_state  # fp32: the LSTM core runs outside autocast
 
     action, logits, next_core = act(core)
     while not should_stop():

@@ -7,8 +7,6 @@ Every one is measured in ``benchmarks/`` and tested against the plain path in
 from __future__ import annotations
 
 import contextlib
-import ctypes.util
-import glob
 import os
 import sys
 from collections.abc import Callable
@@ -79,10 +77,6 @@ def find_tcmalloc() -> str | None:
         for name in _TCMALLOC_NAMES:
             if Path(d, name).is_file():
                 return str(Path(d, name))
-    found = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
-    if found:
-        hits = [p for d in _TCMALLOC_DIRS for p in glob.glob(f"{d}/{found}*")]
-        return hits[0] if hits else None
     return None
 
 

@@ -308,7 +308,7 @@ class Rollout:
         b.obs[t], b.reward[t], b.first[t] = e.obs, e.reward, e.first
         b.terminated[t], b.truncated[t] = e.terminated, e.truncated
         b.action[t], b.logits[t] = action, logits
-        return action, tuple(s.float() for s in out.core_state)
+        return action, out.core_state  # fp32: the LSTM core runs outside autocast
 
 
 # -- main process -------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ class Policy(nn.Module):
         self, features: Tensor, first: Tensor, core_state: CoreState, T: int, B: int
     ) -> tuple[Tensor, CoreState]:
         """LSTM over time; features [T*B, H] -> [T*B, lstm_size], state reset where first."""
-        h, c = (s.float() for s in core_state)
+        h, c = core_state
         keep = (~first).to(features.dtype).unsqueeze(-1)  # [T, B, 1]
         seq = features.view(T, B, -1)
         outs = []
