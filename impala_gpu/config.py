@@ -38,6 +38,7 @@ class ModelCfg:
     use_lstm: bool = False  # add an LSTM core between torso and heads
     lstm_size: int = 256  # LSTM hidden size
     channels_last: bool = True  # CNNs: NHWC memory format (1.3-1.4x end to end on CPU here)
+    init: str = "torch"  # torch (layer defaults) | orthogonal (gain sqrt2; heads 0.01, 1; bias 0)
 
 
 @dataclass
@@ -51,11 +52,11 @@ class AlgoCfg:
     vtrace_lambda: float = 1.0  # lambda in the V-trace traces c_s = lambda * min(1, rho_s)
     correction: bool = True  # False: drop importance weights (ablation: n-step on stale data)
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
-    optimizer: str = "rmsprop"  # rmsprop | adam
+    optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam
     learning_rate: float = 6e-4  # initial learning rate
     lr_schedule: str = "linear"  # linear decay to 0 over total_frames | constant
     rmsprop_alpha: float = 0.99  # RMSprop smoothing constant
-    rmsprop_eps: float = 0.01  # RMSprop epsilon (the paper's 0.01, outside the sqrt in TF)
+    rmsprop_eps: float = 0.01  # RMSprop epsilon (outside the sqrt in rmsprop, inside in _tf)
     rmsprop_momentum: float = 0.0  # RMSprop momentum
     adam_eps: float = 1e-8  # Adam epsilon
     adam_beta1: float = 0.9  # Adam beta1
@@ -82,12 +83,22 @@ class CheckpointCfg:
 
 
 @dataclass
+class HealthCfg:
+    enabled: bool = True  # measure dead units, logit spread and per-layer grad norms each log
+    max_states: int = 256  # states of the current batch the dead-unit and spread checks use
+    dead_warn: float = 0.5  # warn when more than this fraction of a layer's units is dead
+    min_logit_spread: float = 0.05  # warn when the logits vary less than this across states
+    warmup_updates: int = 1000  # ... but only after this many updates (the init is uniform)
+
+
+@dataclass
 class Config:
     env: EnvCfg = field(default_factory=EnvCfg)
     model: ModelCfg = field(default_factory=ModelCfg)
     algo: AlgoCfg = field(default_factory=AlgoCfg)
     wandb: WandbCfg = field(default_factory=WandbCfg)
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
+    health: HealthCfg = field(default_factory=HealthCfg)
 
     total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
     max_seconds: float = 0.0  # also stop after this much wall-clock time (0: no limit)

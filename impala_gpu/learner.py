@@ -17,7 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.config import AlgoCfg, Config
+from impala_gpu.health import layer_grad_norms
 from impala_gpu.losses import discounts_from_terminated, impala_loss
+from impala_gpu.optim import OPTIMIZERS, RMSpropTF
 from impala_gpu.ring import STEP_FIELDS, SlotManager, TrajectoryRing
 from impala_gpu.speed import autocast
 
@@ -228,6 +230,14 @@ def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
             eps=algo.rmsprop_eps,
             momentum=algo.rmsprop_momentum,
         )
+    if algo.optimizer == "rmsprop_tf":
+        return RMSpropTF(
+            model.parameters(),
+            lr=algo.learning_rate,
+            alpha=algo.rmsprop_alpha,
+            eps=algo.rmsprop_eps,
+            momentum=algo.rmsprop_momentum,
+        )
     if algo.optimizer == "adam":
         return torch.optim.Adam(
             model.parameters(),
@@ -235,7 +245,7 @@ def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
             betas=(algo.adam_beta1, algo.adam_beta2),
             eps=algo.adam_eps,
         )
-    raise ValueError(f"algo.optimizer={algo.optimizer!r} is not one of ('rmsprop', 'adam').")
+    raise ValueError(f"algo.optimizer={algo.optimizer!r} is not one of {OPTIMIZERS}.")
 
 
 def lr_factor(cfg: Config, frames: int) -> float:
@@ -280,9 +290,11 @@ def train_step(
     batch: Batch,
     algo: AlgoCfg,
     precision: str = "fp32",
+    grad_groups: list[list[nn.Parameter]] | None = None,
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
-    so reading them costs one device sync).
+    so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
+    group's gradient norm before clipping (``health.layer_grad_norms``).
 
     ``precision="bf16"`` runs the forward pass under bf16 autocast; V-trace and the loss are
     computed from fp32 casts of the logits and values, and backward runs outside autocast.
@@ -311,6 +323,7 @@ def train_step(
     )
     optimizer.zero_grad(set_to_none=True)
     loss.total.backward()
+    layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
     max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     finite = torch.isfinite(grad_norm) & torch.isfinite(loss.total.detach())
@@ -319,7 +332,7 @@ def train_step(
         optimizer.step()
     else:
         optimizer.zero_grad(set_to_none=True)
-    return torch.stack(
+    stats = torch.stack(
         [
             loss.total.detach(),
             loss.pg_loss,
@@ -333,3 +346,4 @@ def train_step(
             (~finite).to(grad_norm.dtype),
         ]
     ).float()
+    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])

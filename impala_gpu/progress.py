@@ -29,11 +29,24 @@ class Progress:
     @staticmethod
     def describe(m: dict[str, Any]) -> str:
         ret = m.get("episode_return", float("nan"))
-        return (
+        line = (
             f"fps {m.get('frames_per_s', 0):,.0f} | return {ret:.1f} | "
             f"busy {m.get('learner_busy', 0):.0%} wait {m.get('learner_wait', 0):.0%} | "
             f"lag {m.get('policy_lag_mean', 0):.1f}"
         )
+        dead = {k.removeprefix("dead/"): v for k, v in m.items() if k.startswith("dead/")}
+        if dead:
+            worst = max(dead, key=lambda k: dead[k])
+            line += f" | dead {worst} {dead[worst]:.0%}"
+        grads = {
+            k.removeprefix("grad_norm/"): v for k, v in m.items() if k.startswith("grad_norm/")
+        }
+        if grads:  # the weakest layer: a vanished gradient means that layer stopped learning
+            weakest = min(grads, key=lambda k: grads[k])
+            line += f" | grad {weakest} {grads[weakest]:.1e}"
+        if "logit_spread" in m:
+            line += f" | spread {m['logit_spread']:.3f} | entropy {m.get('entropy', 0):.2f}"
+        return line
 
     def update(self, frames: int, m: dict[str, Any]) -> None:
         if not self.enabled:

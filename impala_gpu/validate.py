@@ -8,6 +8,7 @@ import torch
 from impala_gpu.config import Config
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.models import MODEL_NAMES
+from impala_gpu.optim import OPTIMIZERS
 from impala_gpu.speed import PRECISIONS
 
 
@@ -44,7 +45,7 @@ def min_num_slots(cfg: Config) -> int:
 def resolve_num_slots(cfg: Config) -> int:
     algo = cfg.algo
     for key, value, allowed in (
-        ("algo.optimizer", algo.optimizer, ("rmsprop", "adam")),
+        ("algo.optimizer", algo.optimizer, OPTIMIZERS),
         ("algo.lr_schedule", algo.lr_schedule, ("linear", "constant")),
         ("algo.reduction", algo.reduction, ("sum", "mean")),
     ):
@@ -72,7 +73,7 @@ def validate_config(cfg: Config) -> None:
     )
     algo = cfg.algo
     for key, value, allowed in (
-        ("algo.optimizer", algo.optimizer, ("rmsprop", "adam")),
+        ("algo.optimizer", algo.optimizer, OPTIMIZERS),
         ("algo.lr_schedule", algo.lr_schedule, ("linear", "constant")),
         ("algo.reduction", algo.reduction, ("sum", "mean")),
     ):

@@ -37,6 +37,7 @@ from impala_gpu.envs import EnvSpec, derive_seeds, env_spec, make_vector_env
 from impala_gpu.learner import STAT_NAMES, Batch, lr_factor, make_optimizer, train_step
 from impala_gpu.logger import MetricsLogger
 from impala_gpu.models import CoreState, Policy, build_model
+from impala_gpu.optim import RMSpropTF
 from impala_gpu.progress import Progress
 from impala_gpu.ring import numpy_to_torch_dtype
 from impala_gpu.speed import autocast
@@ -145,6 +146,12 @@ def make_shared_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimi
     ``step`` count, as in the paper's shared RMSprop. ``model`` must already be shared.
     """
     optimizer = make_optimizer(model, algo)
+    if isinstance(optimizer, RMSpropTF):  # its square average starts at 1, not 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                for t in optimizer.init_state(p, group).values():
+                    t.share_memory_()
+        return optimizer
     buffers = _STATE_BUFFERS[type(optimizer)]
     for group in optimizer.param_groups:
         for p in group["params"]:

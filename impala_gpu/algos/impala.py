@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from impala_gpu import health
 from impala_gpu.actor import IDLE_NS, STEPS, ActorHandles
 from impala_gpu.checkpoint import (
     Checkpointer,
@@ -30,6 +31,7 @@ from impala_gpu.checkpoint import (
 )
 from impala_gpu.config import Config, to_container
 from impala_gpu.envs import env_spec
+from impala_gpu.health import HealthWatch
 from impala_gpu.learner import (
     STAT_NAMES,
     Batcher,
@@ -67,7 +69,8 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     compile_model(model, cfg.compile)
     frames_per_update = cfg.batch_size * cfg.unroll_length * spec.frames_per_step
     scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
-    tele = Telemetry(STAT_NAMES, device.type == "cuda")
+    grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
+    tele = Telemetry(STAT_NAMES + tuple(grad_names), device.type == "cuda")
     st = LoopState()
     resumed = restore(cfg.resume, model, optimizer, scheduler, st, tele) if cfg.resume else {}
     if resumed:
@@ -183,6 +186,10 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             checkpointer,
             save_checkpoint,
             spec.frames_per_step,
+            grad_groups,
+            HealthWatch(
+                cfg.health.dead_warn, cfg.health.min_logit_spread, cfg.health.warmup_updates
+            ),
         )
         try:
             last = learn(loop)
@@ -248,6 +255,7 @@ class LoopState:
     logs: int = 0  # metric lines written by this process
     run_start: float = 0.0  # when this process's train loop started
     hinted: bool = False
+    health: dict[str, float] = field(default_factory=dict)  # last network-health measurement
 
 
 @dataclass
@@ -268,6 +276,8 @@ class Loop:
     checkpointer: Checkpointer
     save_checkpoint: Any
     frames_per_step: int
+    grad_groups: list | None  # parameters per named layer (health.grad_groups), or None
+    health_watch: HealthWatch
 
 
 HINT_AFTER_S = 20.0  # the tuning hint comes from the first log window after this
@@ -294,12 +304,16 @@ def learn(L: Loop) -> dict[str, Any]:
                 continue
             k, batch = got
             timer = _GpuTimer() if batcher.cuda else None
-            stats = train_step(L.model, L.optimizer, batch, cfg.algo, cfg.precision)
+            stats = train_step(L.model, L.optimizer, batch, cfg.algo, cfg.precision, L.grad_groups)
             if timer is not None:
                 tele.window.gpu_events.append(timer.stop())
             stats_np = stats.cpu().numpy()  # the one host-device sync per update
             tele.window.busy_s += time.perf_counter() - t1
             lags = (st.version - batch.versions).numpy()
+            if cfg.health.enabled and _log_due(L, last_log, deadline, frames_per_update):
+                st.health = health.measure(
+                    L.model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
+                )
             batcher.done(k)
             _guard_nonfinite(L, stats_np)
             L.scheduler.step()
@@ -323,6 +337,14 @@ def learn(L: Loop) -> dict[str, Any]:
     finally:
         bar.close()
     return last
+
+
+def _log_due(L: Loop, last_log: float, deadline: float, frames_per_update: int) -> bool:
+    """Whether the update in progress ends with a metrics line (so health is measured now, on
+    the batch still in hand)."""
+    now = time.perf_counter()
+    last_update = L.st.frames + frames_per_update >= L.cfg.total_frames or now >= deadline
+    return now - last_log >= L.cfg.log_interval_s or last_update
 
 
 def _guard_nonfinite(L: Loop, stats_np: np.ndarray) -> None:
@@ -353,6 +375,12 @@ class _GpuTimer:
         return self.begin, self.end
 
 
+def _warn_health(L: Loop, m: dict[str, Any]) -> None:
+    for text in L.health_watch.check(m, L.st.version):
+        L.logger.event({"event": "health_warning", "message": text, "frames": L.st.frames})
+        print(f"impala_gpu: warning: {text}", file=sys.stderr, flush=True)
+
+
 def _log(L: Loop, final: bool = False) -> dict[str, Any]:
     st, tele = L.st, L.tele
     L.pool.drain()
@@ -378,6 +406,8 @@ def _log(L: Loop, final: bool = False) -> dict[str, Any]:
         lr=L.optimizer.param_groups[0]["lr"],
         time=time.time(),
     )
+    m.update(st.health)
+    _warn_health(L, m)
     st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
     st.logs += 1
     # Once: from the first window after start-up and warm-up, or the last one of a short run.

@@ -16,9 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.config import ModelCfg
+from impala_gpu.health import Layer
 
 CoreState = tuple[Tensor, ...]  # () without LSTM; (h, c), each [B, lstm_size], with it
 MODEL_NAMES = ("auto", "shallow", "resnet", "mlp")
+INIT_SCHEMES = ("torch", "orthogonal")
 
 
 class PolicyOutput(NamedTuple):
@@ -61,16 +63,24 @@ class NatureTorso(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.convs(x).flatten(1))
 
+    def health_layers(self) -> list[Layer]:
+        convs = [Layer(f"conv{i + 1}", self.convs[2 * i], self.convs[2 * i + 1]) for i in range(3)]
+        return [*convs, Layer("fc", self.fc[0], self.fc[1])]
+
 
 class ResidualBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        # Modules rather than torch.relu, so network-health hooks can watch them (no weights:
+        # checkpoints are unchanged).
+        self.act0 = nn.ReLU()
+        self.act1 = nn.ReLU()
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.conv0(torch.relu(x))
-        y = self.conv1(torch.relu(y))
+        y = self.conv0(self.act0(x))
+        y = self.conv1(self.act1(y))
         return x + y
 
 
@@ -98,6 +108,20 @@ class ImpalaTorso(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.sections(x).flatten(1))
 
+    def health_layers(self) -> list[Layer]:
+        layers, mods = [], list(self.sections)
+        for i in range(0, len(mods) - 1, 4):
+            conv, blocks = mods[i], mods[i + 2 : i + 4]
+            s = i // 4
+            # The section's conv is max-pooled, then rectified by its first block's act0.
+            layers.append(Layer(f"s{s}.conv", conv, blocks[0].act0))
+            for j, block in enumerate(blocks):
+                layers += [
+                    Layer(f"s{s}.b{j}.conv0", block.conv0, block.act1),
+                    Layer(f"s{s}.b{j}.conv1", block.conv1, None),  # summed into the residual
+                ]
+        return [*layers, Layer("fc", self.fc[0], self.fc[1])]
+
 
 class MLPTorso(nn.Module):
     def __init__(self, obs_shape: tuple[int, ...], hidden_size: int, num_layers: int):
@@ -111,6 +135,10 @@ class MLPTorso(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x.flatten(1))
+
+    def health_layers(self) -> list[Layer]:
+        # tanh units saturate rather than die: no dead-unit count for them.
+        return [Layer(f"fc{i // 2 + 1}", self.net[i], None) for i in range(0, len(self.net), 2)]
 
 
 class Policy(nn.Module):
@@ -134,6 +162,7 @@ class Policy(nn.Module):
         head_in = cfg.lstm_size if cfg.use_lstm else core_in
         self.policy_head = nn.Linear(head_in, num_actions)
         self.value_head = nn.Linear(head_in, 1)
+        init_weights(self, cfg.init)
         if self.channels_last:
             self.to(memory_format=torch.channels_last)
             for m in self.modules():
@@ -189,6 +218,27 @@ class Policy(nn.Module):
             h, c = h1.squeeze(0), c1.squeeze(0)
             outs.append(out.squeeze(0))
         return torch.stack(outs).view(T * B, -1), (h, c)
+
+
+def init_weights(policy: Policy, scheme: str) -> None:
+    """``orthogonal``: the init of the PyTorch recipes that learn Atari quickly (OpenAI baselines,
+    CleanRL, SB3): orthogonal weights with gain sqrt(2) in the torso, 0.01 on the policy head
+    (a near-uniform first policy whatever the frame), 1 on the value head; zero biases.
+    ``torch`` keeps PyTorch's per-layer defaults (uniform, fan-in scaled, random biases)."""
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(
+            f"model.init={scheme!r} is not one of {INIT_SCHEMES} (try model.init=orthogonal)."
+        )
+    if scheme == "torch":
+        return
+    heads = {policy.policy_head: 0.01, policy.value_head: 1.0}
+    for m in policy.modules():
+        if isinstance(m, nn.Conv2d | nn.Linear):
+            nn.init.orthogonal_(m.weight, gain=heads.get(m, nn.init.calculate_gain("relu")))
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LSTM):
+            for name, p in m.named_parameters():
+                (nn.init.orthogonal_ if name.startswith("weight") else nn.init.zeros_)(p)
 
 
 def _input_dtype(device_type: str) -> torch.dtype:
