@@ -62,20 +62,23 @@ class EnvStepper:
     the current observation, the reward received on arriving there, its terminated/truncated
     flags, whether it starts an episode; plus each env's raw return and length so far.
 
-    Every env autoresets on the NEXT step (gymnasium's NEXT_STEP mode): the step after an
-    episode's final observation returns the next episode's first one, with reward 0.
+    Every env autoresets on the NEXT step (gymnasium's NEXT_STEP mode): the step after a
+    game's final observation returns the next game's first one, with reward 0. With
+    ``env.episodic_life`` a lost life is ``terminated`` too, but the game goes on: the next step
+    is real play (its reward counts) that starts the next training episode (``first``).
+    Returns are reported per game, not per life.
     """
 
     def __init__(self, env, cfg: Config, spec: EnvSpec, seed: int):
         E = cfg.envs_per_actor
         self.env, self.clip_rewards = env, cfg.env.clip_rewards
-        self.episodic_life = cfg.env.episodic_life and spec.kind == "atari"
         obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
         self.obs = torch.from_numpy(obs_np)
         self.reward = torch.zeros(E)
         self.terminated = torch.zeros(E, dtype=torch.bool)
         self.truncated = torch.zeros(E, dtype=torch.bool)
         self.first = torch.ones(E, dtype=torch.bool)
+        self.game_over = np.zeros(E, dtype=bool)  # the last step ended the game: next is a reset
         self.ep_return = np.zeros(E)
         self.ep_length = np.zeros(E, dtype=np.int64)
 
@@ -83,21 +86,23 @@ class EnvStepper:
         """One step of every env. Returns the games that ended: (raw return, length)."""
         obs_np, rew_np, term_np, trunc_np, info = self.env.step(action.numpy())
         self.first = self.terminated | self.truncated
+        reset_step = self.game_over  # a reset step's reward belongs to no game
         self.obs = torch.from_numpy(obs_np)
-        self.terminated = torch.from_numpy(np.asarray(term_np, dtype=bool))
-        self.truncated = torch.from_numpy(np.asarray(trunc_np, dtype=bool))
+        terminated = np.asarray(term_np, dtype=bool)
+        truncated = np.asarray(trunc_np, dtype=bool)
+        self.terminated, self.truncated = torch.from_numpy(terminated), torch.from_numpy(truncated)
         raw = np.asarray(rew_np, dtype=np.float64)
         # The learner sees clipped rewards; reported returns stay the game's real score.
         self.reward = torch.from_numpy(
             np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw
         ).float()
-        live = ~self.first.numpy()  # a reset step's reward belongs to no episode
+        live = ~reset_step
         self.ep_return[live] += raw[live]
         self.ep_length[live] += 1
-        ended = (self.terminated | self.truncated).numpy()
-        if self.episodic_life:  # a lost life ends the training episode, not the game
-            lives = np.asarray(info.get("lives", np.zeros(len(ended))))
-            ended = self.truncated.numpy() | (self.terminated.numpy() & (lives == 0))
+        # A life loss (episodic life) ends the training episode, not the game.
+        life_loss = np.asarray(info.get("life_loss", np.zeros(len(raw), dtype=bool)), dtype=bool)
+        self.game_over = truncated | (terminated & ~life_loss)
+        ended = self.game_over
         games = [(float(self.ep_return[j]), int(self.ep_length[j])) for j in np.flatnonzero(ended)]
         self.ep_return[ended] = 0.0
         self.ep_length[ended] = 0

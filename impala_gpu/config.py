@@ -20,8 +20,9 @@ class EnvCfg:
     frame_skip: int = 4  # Atari: emulator frames per agent step (max-pooled over the last 2)
     frame_stack: int = 4  # Atari: stacked 84x84 grayscale frames per observation
     screen_size: int = 84  # Atari: square observation side
-    noop_max: int = 30  # Atari: up to this many no-ops on reset (0 disables)
+    noop_max: int = 30  # Atari: 0..noop_max-1 no-op frames on reset (ale-py's count; 0 disables)
     episodic_life: bool = False  # Atari: a life loss ends the training episode (not the game)
+    fire_reset: bool = True  # Atari: press FIRE on reset (and after a life loss if episodic_life)
     clip_rewards: bool = True  # clip rewards to [-1, 1] in the learner's data (returns stay raw)
     repeat_action_probability: float = 0.0  # sticky actions; IMPALA's paper used 0
     full_action_space: bool = False  # Atari: all 18 actions instead of the minimal set

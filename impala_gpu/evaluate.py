@@ -4,8 +4,9 @@ video:
     python -m impala_gpu.evaluate checkpoint=runs/.../ episodes=10
     python -m impala_gpu.evaluate checkpoint=runs/.../checkpoints/best.pt greedy=true video=true
 
-Writes ``eval.json`` (and ``videos/*.mp4``) into the checkpoint's run dir; logs to W&B when
-``wandb_mode`` is not ``disabled``.
+The env is the actors' own stack (``make_vector_env`` with one env, see ``make_eval_env``), so
+evaluation plays the game training played. Writes ``eval.json`` (and ``videos/*.mp4``) into the
+checkpoint's run dir; logs to W&B when ``wandb_mode`` is not ``disabled``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from omegaconf import MISSING, OmegaConf
 
 from impala_gpu.checkpoint import resolve_checkpoint
 from impala_gpu.config import Config
-from impala_gpu.envs import env_spec, make_env
+from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.models import build_model
 from impala_gpu.validate import ConfigError
 
@@ -54,46 +55,71 @@ def load_policy(path: Path, device: str = "cpu") -> tuple[torch.nn.Module, Confi
     return model.to(device).eval(), cfg
 
 
-def play(model, cfg: Config, ev: EvalCfg, video_dir: Path | None = None) -> list[dict[str, Any]]:
-    """Play ``ev.episodes`` full games; returns one dict per episode (raw return, length)."""
-    # Evaluation is over whole games: a life loss must not end an episode.
-    env_cfg = dataclasses.replace(cfg.env, episodic_life=False)
-    env = make_env(env_cfg, render_mode="rgb_array" if video_dir else None)
+def make_eval_env(cfg: Config, video_dir: Path | None = None):
+    """The actors' env stack (``make_vector_env``: same backend, FIRE reset, no-ops, padding,
+    frame stack) with one env, playing full games: a life loss ends no episode.
+
+    ale-py's vector env cannot render, so a video run plays on the gymnasium backend, which
+    plays the same game (its first observation and steps match the ale backend's exactly for
+    ``noop_max=0``) but draws its no-op starts from another RNG."""
+    env_cfg = cfg.env
+    wrap = None
     if video_dir is not None:
         import gymnasium as gym
 
-        env = gym.wrappers.RecordVideo(
-            env,
-            str(video_dir),
-            episode_trigger=lambda _: True,
-            name_prefix="eval",
-            disable_logger=True,
-        )
+        env_cfg = dataclasses.replace(env_cfg, vector_backend="gymnasium")
+
+        def wrap(env):
+            return gym.wrappers.RecordVideo(
+                env,
+                str(video_dir),
+                episode_trigger=lambda _: True,
+                name_prefix="eval",
+                disable_logger=True,
+            )
+
+    return make_vector_env(
+        env_cfg,
+        1,
+        full_games=True,
+        render_mode="rgb_array" if video_dir is not None else None,
+        wrap_env=wrap,
+    )
+
+
+def play(model, cfg: Config, ev: EvalCfg, video_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Play ``ev.episodes`` full games; returns one dict per episode (raw return, length)."""
+    env = make_eval_env(cfg, video_dir)
     gen = torch.Generator().manual_seed(ev.seed)
     device = next(model.parameters()).device
+    # The LSTM state is carried over the whole game, except where training reset it: at the
+    # start of each life with episodic_life.
+    reset_core_on_life_loss = cfg.env.episodic_life
     results = []
     try:
         for ep in range(ev.episodes):
-            obs, _ = env.reset(seed=ev.seed + ep)
+            obs, _ = reset_vector_env(env, [ev.seed + ep])
             state = model.initial_state(1, device)
             first = torch.ones(1, 1, dtype=torch.bool, device=device)
-            ret, steps, done, truncated = 0.0, 0, False, False
+            ret, steps, done, truncated, life_lost = 0.0, 0, False, False, False
             while not done:
-                x = torch.as_tensor(np.asarray(obs), device=device)[None, None]
+                x = torch.as_tensor(np.asarray(obs), device=device)[None]
                 with torch.no_grad():
                     out = model(x, first, state)
-                state = out.core_state  # the LSTM state is carried across the whole game
+                state = out.core_state
                 logits = out.logits[0, 0].float().cpu()
                 if ev.greedy:
                     action = int(logits.argmax())
                 else:
                     action = int(torch.multinomial(logits.softmax(-1), 1, generator=gen))
-                obs, reward, term, trunc, _ = env.step(action)
-                ret += float(reward)
+                obs, reward, term, trunc, info = env.step(np.array([action], dtype=np.int64))
+                ret += float(reward[0])
                 steps += 1
-                first = torch.zeros_like(first)
-                truncated = bool(trunc) or (ev.max_steps > 0 and steps >= ev.max_steps)
-                done = bool(term) or truncated
+                # As in training: the observation after a life-loss step starts a new life.
+                first = torch.full_like(first, reset_core_on_life_loss and life_lost)
+                life_lost = bool(np.asarray(info.get("life_loss", [False]))[0])
+                truncated = bool(trunc[0]) or (ev.max_steps > 0 and steps >= ev.max_steps)
+                done = bool(term[0]) or truncated
             results.append({"episode": ep, "return": ret, "length": steps, "truncated": truncated})
     finally:
         env.close()

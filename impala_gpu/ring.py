@@ -26,7 +26,9 @@ plus, per slot: ``version`` (the behaviour policy's version, int64), ``actor``, 
 
 Because every vector env here autoresets on the NEXT step, a truncated episode's final
 observation is stored like any other observation; the learner bootstraps from its value and
-masks the following pseudo-transition (final obs -> reset obs).
+masks the following pseudo-transition (final obs -> reset obs). With ``env.episodic_life`` a
+lost life is ``terminated`` too, but the game goes on: the next observation comes from real play
+(``first`` is set there) and the transition into it is masked like a reset.
 
 Lifetime: tensors are created with ``share_memory_()`` under torch's ``file_descriptor``
 strategy, which unlinks each segment from ``/dev/shm`` right after creating it. The memory lives

@@ -66,6 +66,7 @@ def test_compose_env_group(hydra_compose, env, env_id):
     assert isinstance(cfg.env, EnvCfg)
     assert cfg.env.id == env_id
     assert cfg.env.clip_rewards is (env != "cartpole")
+    assert cfg.env.episodic_life is (env == "breakout")  # Breakout trains by lives
 
 
 @pytest.mark.parametrize("model", ["auto", "shallow", "resnet", "mlp"])

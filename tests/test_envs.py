@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from impala_gpu.envs import (
 )
 
 PONG = "ALE/Pong-v5"
+BREAKOUT = "ALE/Breakout-v5"
 CARTPOLE = "CartPole-v1"
 NUM_ENVS = 2
 
@@ -118,12 +121,12 @@ def test_vector_backend_auto_and_ale_on_classic():
 
     env = make_vector_env(EnvCfg(id=PONG), 1)  # auto -> ale for Atari
     try:
-        assert isinstance(env, AtariVectorEnv)
+        assert isinstance(env.unwrapped, AtariVectorEnv)
     finally:
         env.close()
     env = make_vector_env(EnvCfg(id=CARTPOLE), 1)  # auto -> gymnasium for classic control
     try:
-        assert isinstance(env, gym.vector.SyncVectorEnv)
+        assert isinstance(env.unwrapped, gym.vector.SyncVectorEnv)
     finally:
         env.close()
     with pytest.raises(ValueError, match="vector_backend"):
@@ -319,6 +322,116 @@ def test_pong_next_step_autoreset_on_truncation(backend):
         assert rew[t + 1, j] == 0.0
         assert not term[t + 1, j] and not trunc[t + 1, j]
         np.testing.assert_array_equal(obs[t + 2, j], obs[0, j])
+
+
+# --------------------------------------------------------------------------- lives, FIRE, parity
+
+
+def _breakout_noop_game(cfg: EnvCfg, steps: int = 130) -> dict[str, np.ndarray]:
+    """One Breakout env stepped with NOOP only, per step (index 0 = the reset)."""
+    env = make_vector_env(cfg, 1)
+    try:
+        obs, info = reset_vector_env(env, [1])
+        rec = {"obs": [obs[0]], "reward": [0.0], "term": [False], "trunc": [False]}
+        rec |= {"lives": [info["lives"][0]], "frame": [info["episode_frame_number"][0]]}
+        rec["life_loss"] = [False]
+        for _ in range(steps):
+            obs, rew, term, trunc, info = env.step(np.zeros(1, dtype=np.int64))
+            for key, value in (
+                ("obs", obs),
+                ("reward", rew),
+                ("term", term),
+                ("trunc", trunc),
+                ("lives", info["lives"]),
+                ("frame", info["episode_frame_number"]),
+                ("life_loss", info["life_loss"]),
+            ):
+                rec[key].append(value[0])
+    finally:
+        env.close()
+    return {k: np.asarray(v) for k, v in rec.items()}
+
+
+@pytest.mark.parametrize("backend", ["ale", "gymnasium"])
+def test_breakout_episodic_life_ends_training_episodes_not_the_game(backend):
+    # NOOP only: only the FIRE pressed on reset and after each life loss launches the ball.
+    cfg = EnvCfg(id=BREAKOUT, vector_backend=backend, episodic_life=True, noop_max=0)
+    g = _breakout_noop_game(cfg)
+    over = int(np.flatnonzero(g["term"] & (g["lives"] == 0))[0])  # the game-over step
+    lives = g["lives"][: over + 1]
+    assert lives[0] == 5 and lives[-1] == 0
+    assert np.all(np.diff(lives) <= 0), "lives only go down within a game"
+    # Every life loss reaches the learner as a termination, and nothing else does.
+    drops = np.flatnonzero(np.diff(lives) < 0) + 1
+    np.testing.assert_array_equal(np.flatnonzero(g["term"][: over + 1]), drops)
+    assert g["lives"][drops].tolist() == [4, 3, 2, 1, 0]
+    assert g["life_loss"][drops].tolist() == [True] * 4 + [False]  # the last one is game over
+    assert not g["trunc"].any()
+    # The emulator is never reset in between: frames count on, the next step continues the
+    # frame stack, and the game's first observation does not come back.
+    assert np.all(np.diff(g["frame"][: over + 1]) > 0)
+    for t in drops[:-1]:
+        np.testing.assert_array_equal(g["obs"][t + 1][:-1], g["obs"][t][1:])
+        assert g["frame"][t + 1] == g["frame"][t] + cfg.frame_skip
+        assert not np.array_equal(g["obs"][t + 1], g["obs"][0])
+    # Game over: the next step is the reset (reward 0, lives back to 5, frame 1).
+    assert g["lives"][over + 1] == 5 and g["frame"][over + 1] == 1
+    assert g["reward"][over + 1] == 0 and not g["term"][over + 1]
+    np.testing.assert_array_equal(g["obs"][over + 1], g["obs"][0])
+
+
+@pytest.mark.parametrize("backend", ["ale", "gymnasium"])
+def test_breakout_full_games_and_no_forced_fire_without_episodic_life(backend):
+    episodic = EnvCfg(id=BREAKOUT, vector_backend=backend, episodic_life=True, noop_max=0)
+    # Evaluation of an episodic-life policy: life losses are flagged but end no episode, and
+    # the FIRE after each life loss stays, so the NOOP game still ends (same steps as above).
+    env = make_vector_env(episodic, 1, full_games=True)
+    try:
+        reset_vector_env(env, [1])
+        terms, losses, lives = [], [], []
+        for _ in range(130):
+            _, _, term, _, info = env.step(np.zeros(1, dtype=np.int64))
+            terms.append(term[0])
+            losses.append(info["life_loss"][0])
+            lives.append(info["lives"][0])
+    finally:
+        env.close()
+    ref = _breakout_noop_game(episodic)
+    over = int(np.flatnonzero(terms)[0])
+    assert np.flatnonzero(terms).tolist() == [over] and lives[over] == 0  # game over only
+    np.testing.assert_array_equal(losses, ref["life_loss"][1:])
+    np.testing.assert_array_equal(lives, ref["lives"][1:])
+    # Without episodic life, life losses are plain steps and the agent must press FIRE
+    # itself: with NOOP only the ball never comes back after the first life.
+    g = _breakout_noop_game(EnvCfg(id=BREAKOUT, vector_backend=backend, noop_max=0), 150)
+    assert not g["term"].any() and g["life_loss"].sum() == 1
+    assert g["lives"][-1] == 4
+
+
+@pytest.mark.parametrize("fire_reset", [True, False])
+@pytest.mark.parametrize("env_id,episodic_life", [(PONG, False), (BREAKOUT, True)])
+def test_ale_and_gymnasium_backends_play_the_same_game(env_id, episodic_life, fire_reset):
+    # noop_max=0 takes the no-op RNGs (which differ) out: everything else must match exactly:
+    # FIRE on reset and after a life loss, zero padding, max-pool, resize, lives, rewards.
+    # (Breakout: the fixed actions lose 4 and 2 lives and score in these 130 steps.)
+    base = EnvCfg(id=env_id, noop_max=0, episodic_life=episodic_life, fire_reset=fire_reset)
+    num_actions = 4 if env_id == BREAKOUT else 6
+    ale, gym_ = (
+        _vector_rollout(replace(base, vector_backend=backend), [4, 5], 130, num_actions)
+        for backend in ("ale", "gymnasium")
+    )
+    for a, b in zip(ale, gym_, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fire_reset_presses_fire():
+    frames = {}
+    for fire in (True, False):
+        g = _breakout_noop_game(EnvCfg(id=BREAKOUT, noop_max=0, fire_reset=fire), 40)
+        frames[fire] = g["frame"][0]
+        # Without FIRE the ball is never launched: no life is lost by doing nothing.
+        assert (g["lives"][-1] < 5) == fire
+    assert frames == {True: 1, False: 0}
 
 
 # --------------------------------------------------------------------------- ROM names

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from impala_gpu.checkpoint import atomic_torch_save
 from impala_gpu.config import Config, EnvCfg, ModelCfg, to_container
-from impala_gpu.envs import env_spec
-from impala_gpu.evaluate import EvalCfg, evaluate, main
+from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
+from impala_gpu.evaluate import EvalCfg, evaluate, main, make_eval_env
 from impala_gpu.models import build_model
 from impala_gpu.validate import ConfigError
 
 
-def make_checkpoint(run_dir, env_id="CartPole-v1", model=None):
-    cfg = Config(env=EnvCfg(id=env_id), model=model or ModelCfg(name="auto", hidden_size=32))
+def make_checkpoint(run_dir, env_id="CartPole-v1", model=None, **env):
+    cfg = Config(env=EnvCfg(id=env_id, **env), model=model or ModelCfg(name="auto", hidden_size=32))
     spec = env_spec(cfg.env)
     torch.manual_seed(0)
     net = build_model(spec.obs_shape, spec.num_actions, cfg.model)
@@ -59,3 +60,36 @@ def test_bad_inputs_fail_clearly(tmp_path):
     torch.save({"weights": 1}, bogus)
     with pytest.raises(ConfigError, match="not an impala_gpu checkpoint"):
         main([f"checkpoint={bogus}"])
+
+
+@pytest.mark.parametrize("backend", ["auto", "gymnasium"])
+@pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "ALE/Breakout-v5"])
+def test_eval_env_plays_the_training_game(env_id, backend):
+    # The actors' env (make_vector_env) and the evaluation env, same seed: same backend, same
+    # first observation (FIRE reset, no-ops, zero padding, stack) and the same next steps.
+    env_cfg = EnvCfg(id=env_id, vector_backend=backend, episodic_life="Breakout" in env_id)
+    train, evaluation = make_vector_env(env_cfg, 1), make_eval_env(Config(env=env_cfg))
+    try:
+        assert type(train.unwrapped) is type(evaluation.unwrapped)
+        obs = [reset_vector_env(e, [2024])[0] for e in (train, evaluation)]
+        np.testing.assert_array_equal(obs[0], obs[1])
+        assert obs[0].any()
+        for t in range(20):
+            action = np.array([t % 4], dtype=np.int64)
+            obs = [e.step(action)[0] for e in (train, evaluation)]
+            np.testing.assert_array_equal(obs[0], obs[1])
+    finally:
+        train.close()
+        evaluation.close()
+
+
+def test_breakout_episodic_life_policy_is_evaluated_over_whole_games(tmp_path):
+    # Trained with episodic life (a life loss ends the training episode), evaluated over the
+    # whole game: all five lives are played in one episode, which ends at game over. The FIRE
+    # after each life loss that training had stays, so even an untrained greedy policy that
+    # never fires relaunches the ball.
+    make_checkpoint(tmp_path, "ALE/Breakout-v5", ModelCfg(name="shallow"), episodic_life=True)
+    out = evaluate(EvalCfg(checkpoint=str(tmp_path), episodes=1, greedy=True))
+    (ep,) = out["per_episode"]
+    assert not ep["truncated"]
+    assert ep["length"] > 100  # five lives of ~24 steps (118 here), not one

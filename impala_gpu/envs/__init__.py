@@ -4,6 +4,13 @@ Every vector env made here uses gymnasium's NEXT_STEP autoreset: the step that e
 returns the episode's true final observation, and the following step returns the next
 episode's first observation (its action is ignored, its reward is 0). The actors rely on this
 to bootstrap truncated episodes from the real final observation.
+
+Both Atari backends play the same game: ale-py's reset (FIRE for one frame in games that have
+FIRE, then up to ``noop_max - 1`` no-op frames, a zero-padded frame stack) is reproduced on the
+gymnasium side, and lives are handled by one vector wrapper on top of either backend
+(:class:`LifeLoss`): the emulator only ever resets at game over or truncation; with
+``episodic_life`` a lost life ends the *training* episode (``terminated=True``) and the next
+step is real play from the same game.
 """
 
 from __future__ import annotations
@@ -83,11 +90,37 @@ def ale_game_name(env_id: str) -> str:
     return game
 
 
+class AleReset(gym.Wrapper):
+    """ale-py's vector-env reset, on a frameskip=1 ALE env: after ``reset_game``, FIRE for one
+    frame (``fire`` and the game has FIRE), then ``U{0..noop_max-1}`` no-op frames minus that
+    FIRE frame, drawn from the env's seeded ``np_random``. Rewards of these frames are dropped,
+    as in ale-py."""
+
+    def __init__(self, env: gym.Env, noop_max: int, fire: bool):
+        super().__init__(env)
+        self.noop_max = noop_max
+        meanings = env.unwrapped.get_action_meanings()
+        self.fire_action = meanings.index("FIRE") if fire and "FIRE" in meanings else None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        fire = self.fire_action is not None
+        noops = int(self.env.unwrapped.np_random.integers(0, max(self.noop_max, 1))) - int(fire)
+        actions = ([self.fire_action] if fire else []) + [0] * noops
+        for action in actions:
+            obs, _, terminated, truncated, step_info = self.env.step(action)
+            info.update(step_info)
+            if terminated or truncated:  # game over during the no-ops
+                obs, info = self.env.reset()
+        return obs, info
+
+
 def make_env(cfg: EnvCfg, seed: int | None = None, render_mode: str | None = None) -> gym.Env:
     """One env with the full preprocessing. Atari observations: uint8 ``[stack, 84, 84]``.
 
     Rewards are raw (unclipped): clipping happens where data enters the learner's ring, so that
-    reported episode returns are the game's real score.
+    reported episode returns are the game's real score. An Atari env made here ends only at game
+    over or truncation; ``env.episodic_life`` is applied by :func:`make_vector_env`.
     """
     kind = validate_env_id(cfg.id)
     if kind == "classic":
@@ -102,16 +135,20 @@ def make_env(cfg: EnvCfg, seed: int | None = None, render_mode: str | None = Non
             max_num_frames_per_episode=cfg.max_episode_frames,
             render_mode=render_mode,
         )
+        env = AleReset(env, noop_max=cfg.noop_max, fire=cfg.fire_reset)
         env = gym.wrappers.AtariPreprocessing(
             env,
-            noop_max=cfg.noop_max,
+            noop_max=0,  # AleReset does the no-ops, as ale-py does them
             frame_skip=cfg.frame_skip,
             screen_size=cfg.screen_size,
-            terminal_on_life_loss=cfg.episodic_life,
+            terminal_on_life_loss=False,  # LifeLoss, on the vector env, handles lives
             grayscale_obs=True,
             scale_obs=False,
         )
-        env = gym.wrappers.FrameStackObservation(env, stack_size=cfg.frame_stack)
+        # Zero padding on reset, like ale-py's vector env.
+        env = gym.wrappers.FrameStackObservation(
+            env, stack_size=cfg.frame_stack, padding_type="zero"
+        )
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -132,13 +169,89 @@ def resolve_vector_backend(cfg: EnvCfg) -> str:
     return cfg.vector_backend
 
 
-def make_vector_env(cfg: EnvCfg, num_envs: int, num_threads: int = 1) -> gym.vector.VectorEnv:
-    """``num_envs`` envs stepped as one batch, NEXT_STEP autoreset. Seed via reset_vector_env."""
+class LifeLoss(gym.vector.VectorWrapper):
+    """Lives over whole games, the same on both backends (their sub-envs end only at game over
+    or truncation). Every step's info gets ``life_loss``: this step lost a life and the game
+    goes on.
+
+    ``terminate``: such a step also says ``terminated=True`` (episodic life: the learner sees
+    the end of a training episode, discount 0, and masks the step out of it). The game is not
+    reset: the next step is real play from the same emulator state, with its real reward, and
+    starts the next training episode. Only game over or truncation resets the game (NEXT_STEP
+    autoreset, reward 0, as before).
+
+    ``fire_action``: replaces the agent's action on the step after each life loss (FIRE, which
+    relaunches the ball in Breakout), like ale-py's FIRE on reset. Set it only where that step
+    is not trained on: with ``terminate`` (the step leaves a terminal observation, so the loss
+    masks it and the replaced action never counts) or in evaluation of such a policy.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv, terminate: bool, fire_action: int | None):
+        super().__init__(env)
+        self.terminate, self.fire_action = terminate, fire_action
+        self._lives = np.zeros(env.num_envs, dtype=np.int64)
+        self._fire = np.zeros(env.num_envs, dtype=bool)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._lives = np.asarray(info["lives"], dtype=np.int64).copy()
+        self._fire[:] = False
+        info["life_loss"] = np.zeros(self.num_envs, dtype=bool)
+        return obs, info
+
+    def step(self, actions):
+        actions = np.asarray(actions)
+        if self._fire.any():
+            actions = np.where(self._fire, self.fire_action, actions).astype(actions.dtype)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
+        lives = np.asarray(info["lives"], dtype=np.int64)
+        # A reset step (after game over or truncation) only ever raises the lives.
+        life_loss = (lives < self._lives) & ~terminated & ~truncated
+        self._lives = lives.copy()
+        if self.fire_action is not None:
+            self._fire = life_loss
+        if self.terminate:
+            terminated = terminated | life_loss
+        info["life_loss"] = life_loss
+        return obs, reward, terminated, truncated, info
+
+
+def _fire_action(env: gym.vector.VectorEnv) -> int | None:
+    """Index of FIRE in the env's action set, or None if the game has no FIRE."""
+    base = env.unwrapped
+    if isinstance(base, gym.vector.SyncVectorEnv):
+        meanings = base.envs[0].unwrapped.get_action_meanings()
+        return meanings.index("FIRE") if "FIRE" in meanings else None
+    from ale_py import Action
+
+    actions = list(base.ale.get_action_set())
+    return actions.index(Action.FIRE) if Action.FIRE in actions else None
+
+
+def make_vector_env(
+    cfg: EnvCfg,
+    num_envs: int,
+    num_threads: int = 1,
+    *,
+    full_games: bool = False,
+    render_mode: str | None = None,
+    wrap_env=None,
+) -> gym.vector.VectorEnv:
+    """``num_envs`` envs stepped as one batch, NEXT_STEP autoreset. Seed via reset_vector_env.
+
+    Atari envs report ``info["lives"]`` and ``info["life_loss"]`` (see :class:`LifeLoss`).
+    ``full_games=True`` (evaluation) plays the training game but a life loss ends no episode.
+    ``render_mode`` and ``wrap_env`` (applied to each sub-env, e.g. a video recorder) need the
+    gymnasium backend: ale-py's vector env does not render.
+    """
     backend = resolve_vector_backend(cfg)
     if backend == "ale":
+        if render_mode is not None or wrap_env is not None:
+            raise ValueError("render_mode/wrap_env need env.vector_backend=gymnasium.")
         from ale_py import AtariVectorEnv
 
-        return AtariVectorEnv(
+        env = AtariVectorEnv(
             game=ale_game_name(cfg.id),
             num_envs=num_envs,
             num_threads=num_threads,
@@ -149,17 +262,32 @@ def make_vector_env(cfg: EnvCfg, num_envs: int, num_threads: int = 1) -> gym.vec
             grayscale=True,
             maxpool=True,
             noop_max=cfg.noop_max,
-            episodic_life=cfg.episodic_life,
+            # ale-py's own episodic_life resets the whole game on a life loss: LifeLoss instead.
+            episodic_life=False,
+            use_fire_reset=cfg.fire_reset,
             reward_clipping=False,
             repeat_action_probability=cfg.repeat_action_probability,
             full_action_space=cfg.full_action_space,
             max_num_frames_per_episode=cfg.max_episode_frames,
             autoreset_mode="NextStep",
         )
-    return gym.vector.SyncVectorEnv(
-        [lambda: make_env(cfg) for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
-    )
+    else:
+
+        def make_one() -> gym.Env:
+            env = make_env(cfg, render_mode=render_mode)
+            return wrap_env(env) if wrap_env is not None else env
+
+        env = gym.vector.SyncVectorEnv(
+            [make_one for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+        )
+    if validate_env_id(cfg.id) != "atari":
+        return env
+    # The episode structure is the training one either way; full games only drop the
+    # life-loss terminations (FIRE after a life loss stays: the policy never learned it).
+    episodic = cfg.episodic_life
+    fire = _fire_action(env) if episodic and cfg.fire_reset else None
+    return LifeLoss(env, terminate=episodic and not full_games, fire_action=fire)
 
 
 def env_spec(cfg: EnvCfg) -> EnvSpec:
@@ -192,6 +320,6 @@ def derive_seeds(run_seed: int, n: int, salt: int = 0) -> list[int]:
 
 def reset_vector_env(env: gym.vector.VectorEnv, seeds: list[int]) -> tuple[np.ndarray, dict]:
     """Reset every sub-env with its own seed (ale-py wants an array, gymnasium a list of ints)."""
-    if isinstance(env, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
+    if isinstance(env.unwrapped, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
         return env.reset(seed=[int(s) for s in seeds])
     return env.reset(seed=np.asarray(seeds, dtype=np.int64))
