@@ -135,14 +135,21 @@ class HealthWatch:
         self._active: set[str] = set()
 
     def check(self, m: dict[str, float], updates: int) -> list[str]:
+        """New warnings for this log line. A warned problem stays quiet until it has clearly
+        recovered (dead fraction 0.1 under the threshold, spread twice the minimum), so a value
+        hovering at the threshold warns once."""
         problems: dict[str, str] = {}
+        recovered: set[str] = set()
         for key, frac in m.items():
-            if key.startswith("dead/") and frac is not None and frac > self.dead_warn:
-                layer = key.removeprefix("dead/")
+            if not key.startswith("dead/") or frac is None:
+                continue
+            if frac > self.dead_warn:
                 problems[key] = (
-                    f"{frac:.0%} of layer {layer}'s units are dead (never fire on the current "
-                    "batch); dead units get no gradient and stay dead"
+                    f"{frac:.0%} of layer {key.removeprefix('dead/')}'s units are dead (never "
+                    "fire on the current batch); dead units get no gradient and stay dead"
                 )
+            elif frac < self.dead_warn - 0.1:
+                recovered.add(key)
         spread = m.get("logit_spread", math.nan)
         if updates >= self.warmup_updates and spread < self.min_logit_spread:
             problems["logit_spread"] = (
@@ -150,6 +157,8 @@ class HealthWatch:
                 f"{self.min_logit_spread} after {updates} updates): it plays the same way in "
                 "every state"
             )
+        elif spread > 2 * self.min_logit_spread:
+            recovered.add("logit_spread")
         new = [text for key, text in problems.items() if key not in self._active]
-        self._active = set(problems)
+        self._active = (self._active - recovered) | set(problems)
         return new

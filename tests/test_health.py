@@ -69,8 +69,13 @@ def test_warning_waits_for_warmup_and_rearms_after_recovery():
     flat = {"logit_spread": 0.01}
     assert watch.check(flat, updates=50) == []  # a fresh policy is uniform by design
     assert len(watch.check(flat, updates=150)) == 1
-    assert watch.check({"logit_spread": 0.2}, updates=200) == []
+    assert watch.check({"logit_spread": 0.07}, updates=160) == []  # hovering: not recovered
+    assert watch.check(flat, updates=170) == []
+    assert watch.check({"logit_spread": 0.2}, updates=200) == []  # clearly recovered
     assert len(watch.check(flat, updates=250)) == 1  # trouble again: said again
+    dead = health.HealthWatch(dead_warn=0.5)
+    assert len(dead.check({"dead/fc": 0.51}, 0)) == 1
+    assert dead.check({"dead/fc": 0.49}, 0) == [] and dead.check({"dead/fc": 0.52}, 0) == []
 
 
 @pytest.mark.parametrize("name,use_lstm", [("shallow", False), ("resnet", False), ("mlp", True)])
