@@ -131,17 +131,30 @@ class HealthWatch:
     min_logit_spread: float = 0.05
     warmup_updates: int = 1000
 
+    smoothing: float = 0.3  # weight of the newest line in the moving average judged
+
     def __post_init__(self):
         self._active: set[str] = set()
+        self._ema: dict[str, float] = {}
+
+    def _smooth(self, m: dict[str, float]) -> dict[str, float]:
+        """Exponential moving average of the health metrics: one line's sample of a few hundred
+        states is noisy (a dead fraction can swing by 0.2 between lines)."""
+        for key, v in m.items():
+            if (key.startswith("dead/") or key == "logit_spread") and v is not None and v == v:
+                prev = self._ema.get(key, v)
+                self._ema[key] = prev + self.smoothing * (v - prev)
+        return dict(self._ema)
 
     def check(self, m: dict[str, float], updates: int) -> list[str]:
-        """New warnings for this log line. A warned problem stays quiet until it has clearly
-        recovered (dead fraction 0.1 under the threshold, spread twice the minimum), so a value
-        hovering at the threshold warns once."""
+        """New warnings for this log line, judged on the moving average. A warned problem stays
+        quiet until it has clearly recovered (dead fraction 0.1 under the threshold, spread
+        twice the minimum), so a value hovering at the threshold warns once."""
+        m = self._smooth(m)
         problems: dict[str, str] = {}
         recovered: set[str] = set()
         for key, frac in m.items():
-            if not key.startswith("dead/") or frac is None:
+            if not key.startswith("dead/"):
                 continue
             if frac > self.dead_warn:
                 problems[key] = (

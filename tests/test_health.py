@@ -45,7 +45,7 @@ def test_known_dead_units_are_found():
     m = health.measure(model, *_frames())
     assert m["dead/fc"] >= 0.75
     assert m["logit_spread"] == pytest.approx(0.0, abs=1e-7)
-    watch = health.HealthWatch(dead_warn=0.5, min_logit_spread=0.05, warmup_updates=10)
+    watch = health.HealthWatch(0.5, 0.05, warmup_updates=10, smoothing=1.0)
     warnings = watch.check(m, updates=100)
     assert any("fc" in w and "dead" in w for w in warnings)
     assert any("barely depends on its input" in w for w in warnings)
@@ -65,7 +65,7 @@ def test_healthy_model_raises_no_warning():
 
 
 def test_warning_waits_for_warmup_and_rearms_after_recovery():
-    watch = health.HealthWatch(min_logit_spread=0.05, warmup_updates=100)
+    watch = health.HealthWatch(min_logit_spread=0.05, warmup_updates=100, smoothing=1.0)
     flat = {"logit_spread": 0.01}
     assert watch.check(flat, updates=50) == []  # a fresh policy is uniform by design
     assert len(watch.check(flat, updates=150)) == 1
@@ -73,7 +73,7 @@ def test_warning_waits_for_warmup_and_rearms_after_recovery():
     assert watch.check(flat, updates=170) == []
     assert watch.check({"logit_spread": 0.2}, updates=200) == []  # clearly recovered
     assert len(watch.check(flat, updates=250)) == 1  # trouble again: said again
-    dead = health.HealthWatch(dead_warn=0.5)
+    dead = health.HealthWatch(dead_warn=0.5, smoothing=1.0)
     assert len(dead.check({"dead/fc": 0.51}, 0)) == 1
     assert dead.check({"dead/fc": 0.49}, 0) == [] and dead.check({"dead/fc": 0.52}, 0) == []
 
@@ -108,3 +108,11 @@ def test_orthogonal_init_matches_the_recipe():
     assert all(m.bias.abs().max() == 0 for m in (model.torso.fc[0], model.value_head))
     with pytest.raises(ValueError, match="model.init"):
         build_model(OBS, 6, ModelCfg(init="xavier"))
+
+
+def test_warnings_judge_a_moving_average():
+    watch = health.HealthWatch(dead_warn=0.5, smoothing=0.3)
+    assert watch.check({"dead/fc": 0.3}, 0) == []
+    assert watch.check({"dead/fc": 0.9}, 0) == []  # one noisy line: the average is 0.48
+    warned = [watch.check({"dead/fc": 0.9}, 0) for _ in range(5)]
+    assert [len(w) for w in warned] == [1, 0, 0, 0, 0]  # then 0.61: warned once, then quiet

@@ -1,0 +1,65 @@
+"""Learning curves from runs' ``metrics.jsonl``: return against frames and against wall-clock,
+with the network's health (entropy, logit spread, dead fc units) underneath.
+
+    python scripts/plot_learning.py runs/abl/B_tf runs/abl/C_tf_ortho --out docs/pong.png
+    python scripts/plot_learning.py NAME=RUN_DIR ... --target 18
+
+Each argument is a run dir, or ``label=run_dir``. The README's PNGs are made by this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from impala_gpu.analysis import read_metrics  # noqa: E402
+
+PANELS = (
+    ("frames", "episode_return", "mean return (last 100 games)"),
+    ("elapsed_s", "episode_return", "mean return (last 100 games)"),
+    ("frames", "entropy", "policy entropy (nats)"),
+    ("frames", "logit_spread", "logit spread across states"),
+    ("frames", "dead/fc", "dead fc units (fraction)"),
+    ("frames", "frames_per_s", "frames/s"),
+)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run dir or label=run_dir")
+    p.add_argument("--out", required=True, help="PNG to write")
+    p.add_argument("--title", default="")
+    p.add_argument("--target", type=float, default=None, help="draw this return as a line")
+    args = p.parse_args()
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for spec in args.runs:
+        label, _, path = spec.rpartition("=")
+        label = label or Path(path).name
+        df = read_metrics(Path(path) / "metrics.jsonl")
+        for ax, (x, y, _) in zip(axes.flat, PANELS, strict=True):
+            if y in df and df[y].notna().any():
+                xs = df[x] / (1e6 if x == "frames" else 60.0)
+                ax.plot(xs, df[y], label=label, lw=1.2)
+    for ax, (x, y, title) in zip(axes.flat, PANELS, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("frames (millions)" if x == "frames" else "wall-clock (minutes)")
+        ax.grid(alpha=0.3)
+        if y == "episode_return" and args.target is not None:
+            ax.axhline(args.target, color="gray", ls="--", lw=0.8)
+    axes.flat[0].legend(fontsize=8)
+    if args.title:
+        fig.suptitle(args.title)
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=80)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
