@@ -320,6 +320,7 @@ def train_step(
         lambda_=algo.vtrace_lambda,
         reduction=algo.reduction,
         correction=algo.correction,
+        normalize_advantages=algo.normalize_advantages,
     )
     optimizer.zero_grad(set_to_none=True)
     loss.total.backward()

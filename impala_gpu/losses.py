@@ -72,6 +72,14 @@ def _masked_sum(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, x, torch.zeros_like(x)).sum()
 
 
+def normalized(x: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``x [T, B]`` shifted and scaled to mean 0, std 1 over its ``valid`` entries (0 elsewhere)."""
+    n = valid.sum().clamp(min=1)
+    mean = _masked_sum(x, valid) / n
+    var = _masked_sum((x - mean) ** 2, valid) / (n - 1).clamp(min=1)
+    return torch.where(valid, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
+
+
 def impala_loss(
     target_logits_t: torch.Tensor,
     values_t: torch.Tensor,
@@ -89,6 +97,7 @@ def impala_loss(
     lambda_: float = 1.0,
     reduction: str = "sum",
     correction: bool = True,
+    normalize_advantages: bool = False,
 ) -> LossOutput:
     """IMPALA loss with V-trace targets.
 
@@ -108,6 +117,9 @@ def impala_loss(
             ``"mean"`` (each sum divided by the number of valid steps, at least 1).
         correction: If False, ablate importance weighting: ``rho = 1`` at every valid
             step, i.e. plain n-step / lambda-returns on possibly stale data.
+        normalize_advantages: Scale the policy-gradient advantages to mean 0 and standard
+            deviation 1 over the batch's valid steps (PPO, Sample Factory), so the policy's
+            signal keeps its size when rewards are rare; the value targets are unchanged.
 
     Returns:
         :class:`LossOutput`.
@@ -147,6 +159,8 @@ def impala_loss(
         lambda_=lambda_,
     )
 
+    if normalize_advantages:
+        pg_advantages = normalized(pg_advantages, valid)
     values_f = values_t.float()
     pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
     baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)

@@ -320,3 +320,18 @@ def test_discounts_from_terminated() -> None:
     torch.testing.assert_close(out, torch.tensor([[0.99, 0.0], [0.0, 0.99], [0.99, 0.99]]))
     with pytest.raises(ValueError):
         discounts_from_terminated(terminated, 1.5)
+
+
+def test_normalized_advantages_have_unit_scale_on_valid_steps():
+    from impala_gpu.losses import normalized
+
+    g = torch.Generator().manual_seed(0)
+    x = 3.0 + 5.0 * torch.randn(6, 4, generator=g)
+    valid = torch.ones(6, 4, dtype=torch.bool)
+    valid[2, 1] = valid[5, 3] = False
+    x[2, 1] = float("nan")  # garbage at an invalid step must not leak
+    y = normalized(x, valid)
+    assert torch.isfinite(y).all() and y[2, 1] == 0 and y[5, 3] == 0
+    assert y[valid].mean().abs() < 1e-6
+    assert y[valid].std().item() == pytest.approx(1.0, abs=1e-5)
+    torch.testing.assert_close(y[valid], (x[valid] - x[valid].mean()) / x[valid].std())
