@@ -20,6 +20,9 @@ def main() -> None:
     p.add_argument("runs", nargs="+")
     p.add_argument("--last", type=int, default=10)
     p.add_argument("--thresholds", default="-15,0,10,18")
+    p.add_argument(
+        "--at", default="", help="also: return and logit spread at these frames, e.g. 1e6,3e6"
+    )
     args = p.parse_args()
     thresholds = [float(t) for t in args.thresholds.split(",")]
     cols = ["episode_return", "entropy", "dead/conv1", "dead/fc", "logit_spread", "frames_per_s"]
@@ -38,6 +41,15 @@ def main() -> None:
             reach.append("not reached" if f != f else f"{f / 1e6:.1f}M frames, {s / 60:.0f} min")
         frames = df["frames"].iloc[-1] / 1e6
         print(f"| {Path(run).name} | {frames:.2f}M | " + " | ".join(cells + reach) + " |")
+        for at in [float(x) for x in args.at.split(",") if x]:
+            near = df.iloc[(df["frames"] - at).abs().argsort()[: args.last]]
+            if (near["frames"] - at).abs().min() > 0.1 * at:
+                continue
+            spread = near["logit_spread"].median() if "logit_spread" in near else float("nan")
+            print(
+                f"    at {at / 1e6:.1f}M frames: return {near['episode_return'].median():.2f}, "
+                f"logit spread {spread:.3f}"
+            )
 
 
 if __name__ == "__main__":
