@@ -38,14 +38,14 @@ def main() -> None:
     args = p.parse_args()
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for spec in args.runs:
+    for i, spec in enumerate(args.runs):
         label, _, path = spec.rpartition("=")
         label = label or Path(path).name
         df = read_metrics(Path(path) / "metrics.jsonl")
         for ax, (x, y, _) in zip(axes.flat, PANELS, strict=True):
             if y in df and df[y].notna().any():
                 xs = df[x] / (1e6 if x == "frames" else 60.0)
-                ax.plot(xs, df[y], label=label, lw=1.2)
+                ax.plot(xs, df[y], label=label, lw=1.2, color=f"C{i}")  # same colour everywhere
     for ax, (x, y, title) in zip(axes.flat, PANELS, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("frames (millions)" if x == "frames" else "wall-clock (minutes)")
