@@ -104,6 +104,7 @@ class Config:
 
     total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
     max_seconds: float = 0.0  # also stop after this much wall-clock time (0: no limit)
+    target_return: float | None = None  # also stop once the last 100 episodes' mean reaches this
     num_actors: int = 2  # actor processes
     envs_per_actor: int = 16  # envs each actor steps as one batch
     unroll_length: int = 20  # T: transitions per trajectory (slots hold T+1 observations)

@@ -62,6 +62,13 @@ class Telemetry:
             self.episode_lengths.append(length)
             self.episodes += 1
 
+    def reached(self, target: float | None) -> bool:
+        """Whether the mean return over a full window of the last 100 episodes is >= ``target``
+        (a part-full window is too noisy to stop on; ``None`` never stops)."""
+        window = self.episode_returns
+        full = window.maxlen is not None and len(window) == window.maxlen
+        return target is not None and full and float(np.mean(window)) >= target
+
     def flush(self) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Scalars for the window since the last flush, plus the lag histogram samples."""
         w = self.window

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,8 +90,16 @@ def popen_marked(cmd: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     return proc, marker
+
+
+def _default_sigint() -> None:
+    """A job started in the background by a non-interactive shell (``nohup pytest &``, some CI
+    runners) inherits SIGINT as ignored, and Python then installs no KeyboardInterrupt handler:
+    the Ctrl-C tests would time out. The child gets SIGINT's default back, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_log(proc: subprocess.Popen, path: Path, ready, timeout: float, what: str) -> None:

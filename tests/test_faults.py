@@ -73,6 +73,7 @@ def run_with_faults(tmp_path, inject, *overrides, expect_rc=0):
 
 def kill_one(sig, wait_replaced=True):
     def inject(proc, run_dir):
+        wait_for(lambda: actor_pids(proc.pid), 60, "a live actor to inject the fault into")
         victim = actor_pids(proc.pid)[0]
         os.kill(victim, sig)
         if wait_replaced:

@@ -73,6 +73,22 @@ def test_cartpole_learns_with_two_actors(tmp_path):
     assert len(hints) == 1 and hints[0]["bound"] in ("actors", "learner", "balanced")
 
 
+def test_target_return_stops_the_run_early(tmp_path):
+    run_dir = tmp_path / "cartpole"
+    run_cli(
+        run_dir,
+        "experiment=cartpole_impala",
+        "total_frames=5000000",
+        "target_return=40",
+        "log_interval_s=1",
+    )
+    last = read_metrics(run_dir)[-1]
+    assert last["frames"] < 5_000_000
+    assert last["episode_return"] >= 40 and last["episodes"] >= 100
+    assert (run_dir / "model.pt").exists()
+    assert list((run_dir / "checkpoints").glob("*.pt")), "the end of a solved run is saved"
+
+
 def test_pong_smoke_writes_every_metric(tmp_path):
     run_dir = tmp_path / "pong"
     # 5 updates x 8 trajectories x 20 steps = 800 agent steps (3200 frames) of Pong.

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from impala_gpu.actor import EnvStepper
-from impala_gpu.algos.impala import save_weights
+from impala_gpu.algos.impala import save_weights, solved
 from impala_gpu.config import AlgoCfg, Config
 from impala_gpu.envs import EnvSpec, derive_seeds, env_spec, make_vector_env
 from impala_gpu.learner import STAT_NAMES, Batch, lr_factor, make_optimizer, train_step
@@ -355,7 +355,7 @@ def monitor(
             _drain(h.reports, on_report, timeout=0.1)
             frames = int(h.counters[:, STEPS].sum()) * spec.frames_per_step
             now = time.perf_counter()
-            done = frames >= cfg.total_frames or now >= deadline
+            done = frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
             if done:  # the final line includes the last updates' reports
                 h.stop.set()
                 _await_last_reports(workers, h, on_report, lambda: received)

@@ -324,12 +324,14 @@ def learn(L: Loop) -> dict[str, Any]:
                 L.params.publish(L.model, st.version)
 
             now = time.perf_counter()
-            done = st.frames >= cfg.total_frames or now >= deadline
+            done = st.frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
             if now - last_log >= cfg.log_interval_s or done:
                 last = _log(L, final=done)
                 bar.update(st.frames, last)
                 last_log = now
-            if not done and L.checkpointer.due(st.frames):
+            if done:
+                break
+            if L.checkpointer.due(st.frames):
                 L.save_checkpoint()
     except KeyboardInterrupt:
         bar.note("interrupted: saving a checkpoint, stopping actors, freeing shared memory")
@@ -337,6 +339,14 @@ def learn(L: Loop) -> dict[str, Any]:
     finally:
         bar.close()
     return last
+
+
+def solved(cfg: Config, tele: Telemetry, bar: Progress) -> bool:
+    """``target_return`` reached: the run ends as if at ``total_frames``."""
+    if not tele.reached(cfg.target_return):
+        return False
+    bar.note(f"target_return={cfg.target_return:g} reached (mean of the last 100 episodes)")
+    return True
 
 
 def _log_due(L: Loop, last_log: float, deadline: float, frames_per_update: int) -> bool:
