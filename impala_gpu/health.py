@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from impala_gpu.config import HealthCfg
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -132,6 +134,10 @@ class HealthWatch:
     warmup_updates: int = 1000
 
     smoothing: float = 0.3  # weight of the newest line in the moving average judged
+
+    @classmethod
+    def from_config(cls, cfg: HealthCfg) -> HealthWatch:
+        return cls(cfg.dead_warn, cfg.min_logit_spread, cfg.warmup_updates)
 
     def __post_init__(self):
         self._active: set[str] = set()

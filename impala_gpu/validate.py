@@ -43,13 +43,7 @@ def min_num_slots(cfg: Config) -> int:
 
 
 def resolve_num_slots(cfg: Config) -> int:
-    algo = cfg.algo
-    for key, value, allowed in (
-        ("algo.optimizer", algo.optimizer, OPTIMIZERS),
-        ("algo.lr_schedule", algo.lr_schedule, ("linear", "constant")),
-        ("algo.reduction", algo.reduction, ("sum", "mean")),
-    ):
-        _require(value in allowed, f"{key}={value!r} is not one of {allowed}.")
+    """``num_slots``, or the auto size for 0 (call after ``validate_config``)."""
     if cfg.num_slots:
         return cfg.num_slots
     ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2

@@ -108,7 +108,11 @@ def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
 
 @pytest.mark.parametrize(
     "experiment,env_id,model",
-    [("cartpole_impala", "CartPole-v1", "mlp"), ("pong_impala", "ALE/Pong-v5", "shallow")],
+    [
+        ("cartpole_impala", "CartPole-v1", "mlp"),
+        ("pong_impala", "ALE/Pong-v5", "shallow"),
+        ("breakout_impala", "ALE/Breakout-v5", "shallow"),
+    ],
 )
 def test_compose_experiment(hydra_compose, experiment, env_id, model):
     cfg = _to_config(hydra_compose([f"experiment={experiment}"]))
@@ -223,7 +227,8 @@ def test_validate_accepts_cartpole():
 
 
 def test_validate_accepts_composed_configs(hydra_compose):
-    for overrides in (["experiment=cartpole_impala"], ["experiment=pong_impala"]):
+    for name in ("cartpole_impala", "pong_impala", "breakout_impala"):
+        overrides = [f"experiment={name}"]
         validate_config(_to_config(hydra_compose(overrides)))
 
 

@@ -187,9 +187,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             save_checkpoint,
             spec.frames_per_step,
             grad_groups,
-            HealthWatch(
-                cfg.health.dead_warn, cfg.health.min_logit_spread, cfg.health.warmup_updates
-            ),
+            HealthWatch.from_config(cfg.health),
         )
         try:
             last = learn(loop)
@@ -303,6 +301,7 @@ def learn(L: Loop) -> dict[str, Any]:
             if got is None:
                 continue
             k, batch = got
+            log_now = _log_due(L, last_log, deadline, frames_per_update)
             timer = _GpuTimer() if batcher.cuda else None
             stats = train_step(L.model, L.optimizer, batch, cfg.algo, cfg.precision, L.grad_groups)
             if timer is not None:
@@ -310,7 +309,7 @@ def learn(L: Loop) -> dict[str, Any]:
             stats_np = stats.cpu().numpy()  # the one host-device sync per update
             tele.window.busy_s += time.perf_counter() - t1
             lags = (st.version - batch.versions).numpy()
-            if cfg.health.enabled and _log_due(L, last_log, deadline, frames_per_update):
+            if cfg.health.enabled and log_now:  # on the batch still in hand
                 st.health = health.measure(
                     L.model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
                 )
@@ -325,7 +324,7 @@ def learn(L: Loop) -> dict[str, Any]:
 
             now = time.perf_counter()
             done = st.frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
-            if now - last_log >= cfg.log_interval_s or done:
+            if log_now or done:
                 last = _log(L, final=done)
                 bar.update(st.frames, last)
                 last_log = now
@@ -350,8 +349,8 @@ def solved(cfg: Config, tele: Telemetry, bar: Progress) -> bool:
 
 
 def _log_due(L: Loop, last_log: float, deadline: float, frames_per_update: int) -> bool:
-    """Whether the update in progress ends with a metrics line (so health is measured now, on
-    the batch still in hand)."""
+    """Whether the update in progress ends with a metrics line: decided once, before the step,
+    so the health measurement and the line it belongs to always go together."""
     now = time.perf_counter()
     last_update = L.st.frames + frames_per_update >= L.cfg.total_frames or now >= deadline
     return now - last_log >= L.cfg.log_interval_s or last_update
