@@ -26,11 +26,11 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import machine
-from impala_gpu import health
 from impala_gpu.config import Config, EnvCfg
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
-from impala_gpu.learner import Batch, make_optimizer, train_step
+from impala_gpu.learning.learner import Batch, make_optimizer, train_step
 from impala_gpu.models import build_model
+from impala_gpu.reporting import health
 
 
 def record(env_cfg: EnvCfg, num_envs: int, steps: int, seed: int) -> dict[str, torch.Tensor]:

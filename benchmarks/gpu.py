@@ -55,11 +55,12 @@ from common import write_result  # noqa: E402
 from learner_overhead import feed, stop_processes, synthetic_batch  # noqa: E402
 
 from impala_gpu.algos.impala import _GpuTimer  # noqa: E402
+from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
-from impala_gpu.learner import Batch, Batcher, make_optimizer, train_step  # noqa: E402
+from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
+from impala_gpu.learning.learner import make_optimizer, train_step  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
 from impala_gpu.speed import compile_model, default_learner_threads  # noqa: E402
 
 STAGES = ("synthetic", "ring", "e2e")

@@ -25,17 +25,18 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, write_result  # noqa: E402
 
-from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg  # noqa: E402
-from impala_gpu.envs import env_spec  # noqa: E402
-from impala_gpu.learner import Batch, Batcher, make_optimizer, train_step  # noqa: E402
-from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.ring import (  # noqa: E402
+from impala_gpu.channels.ring import (  # noqa: E402
     STEP_FIELDS,
     RingSpec,
     SlotManager,
     TrajectoryRing,
     numpy_to_torch_dtype,
 )
+from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg  # noqa: E402
+from impala_gpu.envs import env_spec  # noqa: E402
+from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
+from impala_gpu.learning.learner import make_optimizer, train_step  # noqa: E402
+from impala_gpu.models import build_model  # noqa: E402
 from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
 from impala_gpu.validate import resolve_device  # noqa: E402
 

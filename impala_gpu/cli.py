@@ -13,8 +13,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from impala_gpu.checkpoint import resolve_checkpoint
 from impala_gpu.config import Config, register_configs, save_config
+from impala_gpu.reporting.checkpoint import resolve_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import LAST_SWEEP_FAILURES, record_failure
 

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from omegaconf import MISSING, OmegaConf
 
-from impala_gpu.checkpoint import resolve_checkpoint
 from impala_gpu.config import Config
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.models import build_model
+from impala_gpu.reporting.checkpoint import resolve_checkpoint
 from impala_gpu.validate import ConfigError
 
 

@@ -7,8 +7,8 @@ import torch
 
 from impala_gpu.config import Config
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
+from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
-from impala_gpu.optim import OPTIMIZERS
 from impala_gpu.speed import PRECISIONS
 
 

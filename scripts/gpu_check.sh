@@ -8,12 +8,12 @@
 # Stages, each under its own timeout and all inside one overall budget (GPU_CHECK_BUDGET
 # seconds, default 460: under 8 minutes), each run even when an earlier one failed:
 #   1. install .whl/*.whl into /tmp/site; machine, driver, torch and CUDA facts -> env.txt
-#   2. pytest tests/test_cuda.py tests/test_speed.py tests/test_vtrace.py -> tests.log
+#   2. pytest tests/learning/test_cuda.py tests/test_speed.py tests/rl/test_vtrace.py -> tests.log
 #   3. benchmarks/gpu.py, stage by stage (synthetic, ring, e2e) -> gpu.log, gpu.json
 # summary.txt has one line per stage: exit code, seconds, limit. Exit code: 0 only when every
 # stage passed.
 #
-# Here, on a CPU box (python3 here may lack torch; tests limited to tests/test_cuda.py):
+# Here, on a CPU box (python3 here may lack torch; tests limited to tests/learning/test_cuda.py):
 #   OUT=/tmp/gpucheck GPU_CHECK_DEVICE=cpu PY=.venv/bin/python bash scripts/gpu_check.sh
 #
 # Knobs: PY (python, default python3), GPU_CHECK_DEVICE (cuda | cpu; cpu implies --smoke),
@@ -29,10 +29,10 @@ BUDGET=${GPU_CHECK_BUDGET:-460}
 export PYTHONUNBUFFERED=1
 if [ "$DEVICE" = cpu ]; then
     SMOKE=${GPU_CHECK_SMOKE:-1}
-    TESTS=${GPU_CHECK_TESTS:-tests/test_cuda.py}
+    TESTS=${GPU_CHECK_TESTS:-tests/learning/test_cuda.py}
 else
     SMOKE=${GPU_CHECK_SMOKE:-}
-    TESTS=${GPU_CHECK_TESTS:-tests/test_cuda.py tests/test_speed.py tests/test_vtrace.py}
+    TESTS=${GPU_CHECK_TESTS:-tests/learning/test_cuda.py tests/test_speed.py tests/rl/test_vtrace.py}
 fi
 BENCH=(benchmarks/gpu.py --device "$DEVICE" --out "$OUT")
 [ -n "$SMOKE" ] && BENCH+=(--smoke)

@@ -309,3 +309,13 @@ def test_save_config_round_trips(hydra_compose, tmp_path):
     assert back != Config(env=EnvCfg(id="CartPole-v1"))  # the comparison is not vacuous
     assert back.seed == 7 and back.bounded_lag == 2 and back.algo.clip_rho_threshold is None
     assert back.wandb.tags == ["a", "b"]
+
+
+def test_help_speaks_for_the_program(tmp_path):
+    out = _run_cli(["--help"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert text.startswith("impala_gpu:") and "powered by Hydra" not in text
+    for group in ("env", "model", "algo", "experiment"):
+        assert f"\n  {group} " in text, f"--help does not explain the {group} group"
+    assert "pong_impala" in text and "python -m impala_gpu -m" in text  # the two examples

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from impala_gpu.checkpoint import atomic_torch_save
 from impala_gpu.config import Config, EnvCfg, ModelCfg, to_container
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.evaluate import EvalCfg, evaluate, main, make_eval_env
 from impala_gpu.models import build_model
+from impala_gpu.reporting.checkpoint import atomic_torch_save
 from impala_gpu.validate import ConfigError
 
 

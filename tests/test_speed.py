@@ -13,7 +13,7 @@ from leakcheck import read_metrics, run_cli
 
 from impala_gpu import speed
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
-from impala_gpu.learner import STAT_NAMES, Batch, train_step
+from impala_gpu.learning.learner import STAT_NAMES, Batch, train_step
 from impala_gpu.models import build_model
 from impala_gpu.validate import ConfigError, validate_config
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from impala_gpu import logger as logger_mod
 from impala_gpu.config import Config, EnvCfg, WandbCfg
+from impala_gpu.reporting import logger as logger_mod
 from impala_gpu.sweep import failed_points, record_failure
 
 TINY = [

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,18 +29,25 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
-from impala_gpu.actor import EnvStepper
+from impala_gpu.acting.pool import describe_exit, stop_processes
+from impala_gpu.acting.rollout import EnvStepper, acting_process, sample_action
 from impala_gpu.algos.impala import save_weights, solved
+from impala_gpu.channels.ring import numpy_to_torch_dtype
 from impala_gpu.config import AlgoCfg, Config
-from impala_gpu.envs import EnvSpec, derive_seeds, env_spec, make_vector_env
-from impala_gpu.learner import STAT_NAMES, Batch, lr_factor, make_optimizer, train_step
-from impala_gpu.logger import MetricsLogger
+from impala_gpu.envs import EnvSpec, derive_seeds, env_spec
+from impala_gpu.learning.learner import (
+    STAT_NAMES,
+    Batch,
+    NonfiniteGuard,
+    lr_factor,
+    make_optimizer,
+    train_step,
+)
+from impala_gpu.learning.optim import RMSpropTF
 from impala_gpu.models import CoreState, Policy, build_model
-from impala_gpu.optim import RMSpropTF
-from impala_gpu.progress import Progress
-from impala_gpu.ring import numpy_to_torch_dtype
-from impala_gpu.speed import autocast
-from impala_gpu.telemetry import Telemetry
+from impala_gpu.reporting.logger import MetricsLogger
+from impala_gpu.reporting.progress import Progress
+from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, validate_config
 
 # Columns of the shared per-worker counters [num_actors, NUM_COUNTERS]. Each worker writes only
@@ -205,16 +211,11 @@ def worker_main(
 ) -> None:
     """Process entry point. Returns at ``total_frames``, on ``handles.stop``, or when the main
     process goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process coordinates Ctrl-C shutdown
-    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
-    torch.manual_seed(seed)
-    parent = os.getppid()
-    env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
     try:
-        _work(worker_id, cfg, spec, shared_model, optimizer, handles, seed, env, parent)
+        with acting_process(cfg, seed) as (env, parent):
+            _work(worker_id, cfg, spec, shared_model, optimizer, handles, seed, env, parent)
     finally:
         handles.counters[worker_id, DONE] = 1
-        env.close()
 
 
 def _work(
@@ -259,7 +260,6 @@ def _work(
 _CLIPPED_RHO = STAT_NAMES.index("clipped_rho_fraction")
 _CLIPPED_PG_RHO = STAT_NAMES.index("clipped_pg_rho_fraction")
 _MEAN_RHO = STAT_NAMES.index("mean_rho")
-_NONFINITE = STAT_NAMES.index("nonfinite")
 
 
 class Rollout:
@@ -267,7 +267,7 @@ class Rollout:
 
     ``collect`` returns a time-major ``learner.Batch`` with the ring's layout: step fields
     ``[T+1, E, ...]`` whose step 0 is the previous unroll's step T (the actor's convention,
-    see ``impala_gpu/ring.py``), and ``core_state`` the LSTM state before step 0.
+    see ``impala_gpu/channels/ring.py``), and ``core_state`` the LSTM state before step 0.
     """
 
     def __init__(self, env, cfg: Config, spec: EnvSpec, seed: int):
@@ -307,15 +307,12 @@ class Rollout:
     def _act(self, model: Policy, core: CoreState, t: int) -> tuple[Tensor, CoreState]:
         """Sample actions at the current observation and record step ``t`` of the batch."""
         e = self.envs
-        with autocast("cpu", self.cfg.precision):
-            out = model(e.obs.unsqueeze(0), e.first.unsqueeze(0), core)
-        logits = out.logits[0].float()
-        action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        action, logits, next_core = sample_action(model, e, core, self.cfg.precision)
         b = self.batch
         b.obs[t], b.reward[t], b.first[t] = e.obs, e.reward, e.first
         b.terminated[t], b.truncated[t] = e.terminated, e.truncated
         b.action[t], b.logits[t] = action, logits
-        return action, out.core_state  # fp32: the LSTM core runs outside autocast
+        return action, next_core
 
 
 # -- main process -------------------------------------------------------------------------------
@@ -331,20 +328,15 @@ def monitor(
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     start = time.perf_counter()
     deadline = start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
-    last_log, prev_steps, received, nonfinite_streak = start, 0, 0, 0
+    last_log, prev_steps, received = start, 0, 0
+    guard = NonfiniteGuard(cfg.max_nonfinite_updates)
 
     def on_report(r: Report) -> None:
-        nonlocal received, nonfinite_streak
+        nonlocal received
         received += 1
         _, stats, lag, episodes = r
-        # train_step skips NaN/inf updates (never applied); too many in a row end the run.
-        nonfinite_streak = nonfinite_streak + 1 if stats[_NONFINITE] else 0
-        if nonfinite_streak >= cfg.max_nonfinite_updates:
-            raise FloatingPointError(
-                f"{nonfinite_streak} consecutive updates had a non-finite loss or gradient "
-                "(skipped). Fix: lower algo.learning_rate, check rewards/observations for NaN, "
-                "or raise max_nonfinite_updates."
-            )
+        if guard.tripped(stats):  # skipped updates: the shared weights are intact
+            raise guard.error()
         tele.add_update(
             stats, np.array([lag]), steps_per_update * spec.frames_per_step, steps_per_update
         )
@@ -431,7 +423,7 @@ def _await_last_reports(
 def _check_workers(workers: list[BaseProcess]) -> None:
     dead = [p for p in workers if p.exitcode not in (None, 0)]
     if dead:
-        desc = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+        desc = ", ".join(f"{p.name} {describe_exit(p.exitcode)}" for p in dead)
         raise RuntimeError(f"worker process died: {desc}")
 
 
@@ -441,18 +433,6 @@ def stop_workers(
     on_report: Callable[[Report], None] | None = None,
     timeout: float = 10.0,
 ) -> None:
-    """Stop, join (terminate stragglers), idempotent. Reports are drained while waiting: a
-    process does not exit before its queue's buffered items are in the pipe."""
+    """Stop and join the workers (idempotent), handing their last reports to ``on_report``."""
     h.stop.set()
-    started = [p for p in workers if p.pid is not None]
-    deadline = time.monotonic() + timeout
-    while any(p.is_alive() for p in started) and time.monotonic() < deadline:
-        _drain(h.reports, on_report, timeout=0.05)
-    for p in started:
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=2)
-        if p.is_alive():
-            p.kill()
-        p.join(timeout=2)
-    _drain(h.reports, on_report, timeout=0)
+    stop_processes(workers, lambda: _drain(h.reports, on_report, timeout=0), timeout)

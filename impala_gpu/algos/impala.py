@@ -1,7 +1,10 @@
 """IMPALA: asynchronous CPU actors, a shared-memory trajectory ring, a V-trace learner.
 
-The whole loop, top to bottom: ``train`` builds the ring, the parameter store and the actors,
-then runs ``learn`` until ``total_frames``; every exit path stops and joins the actors.
+Top to bottom: ``train`` builds the learner (``build_learner``: model, optimizer, schedule),
+the data path (``DataPath.build``: ring, parameter store, actors, batcher) and the reporting
+(``Reporter.build``: telemetry, metrics, checkpoints, health warnings); then ``learn`` repeats
+get a batch, ``update``, publish, log and checkpoint until ``total_frames``. Every exit path
+saves a checkpoint and closes the data path: no actor process or shared memory is left behind.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +20,22 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from impala_gpu import health
-from impala_gpu.actor import IDLE_NS, STEPS, ActorHandles
-from impala_gpu.checkpoint import (
+from impala_gpu.acting.actor import IDLE_NS, STEPS, ActorHandles
+from impala_gpu.acting.pool import ActorPool
+from impala_gpu.channels.params import ParamStore
+from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.config import Config, to_container
+from impala_gpu.envs import EnvSpec, env_spec
+from impala_gpu.learning.batcher import Batch, Batcher
+from impala_gpu.learning.learner import (
+    STAT_NAMES,
+    Learner,
+    LearnerState,
+    build_learner,
+    train_step,
+)
+from impala_gpu.reporting import health
+from impala_gpu.reporting.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
     atomic_torch_save,
@@ -29,25 +45,12 @@ from impala_gpu.checkpoint import (
     set_rng_state,
     truncate_lines,
 )
-from impala_gpu.config import Config, to_container
-from impala_gpu.envs import env_spec
-from impala_gpu.health import HealthWatch
-from impala_gpu.learner import (
-    STAT_NAMES,
-    Batcher,
-    make_lr_scheduler,
-    make_optimizer,
-    train_step,
-)
-from impala_gpu.logger import MetricsLogger
-from impala_gpu.models import build_model
-from impala_gpu.params import ParamStore
-from impala_gpu.progress import Progress
-from impala_gpu.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
-from impala_gpu.speed import allocator, compile_model, default_learner_threads
-from impala_gpu.supervisor import ActorPool
-from impala_gpu.telemetry import Telemetry
-from impala_gpu.tuning import diagnose
+from impala_gpu.reporting.health import HealthWatch
+from impala_gpu.reporting.logger import MetricsLogger
+from impala_gpu.reporting.progress import Progress
+from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.reporting.tuning import diagnose
+from impala_gpu.speed import allocator, default_learner_threads
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
 
 
@@ -63,152 +66,192 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
     )
     torch.set_num_threads(threads)
-
-    model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
-    optimizer = make_optimizer(model, cfg.algo)
-    compile_model(model, cfg.compile)
-    frames_per_update = cfg.batch_size * cfg.unroll_length * spec.frames_per_step
-    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
-    grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
-    tele = Telemetry(STAT_NAMES + tuple(grad_names), device.type == "cuda")
-    st = LoopState()
-    resumed = restore(cfg.resume, model, optimizer, scheduler, st, tele) if cfg.resume else {}
-    if resumed:
+    learner = build_learner(cfg, spec, device)
+    tele = Telemetry(STAT_NAMES + tuple(learner.grad_names), device.type == "cuda")
+    resumed = {}
+    if cfg.resume:
+        resumed = restore(
+            cfg.resume, learner.model, learner.optimizer, learner.scheduler, learner.state, tele
+        )
         truncate_lines(run_dir / "metrics.jsonl", resumed["metrics_lines"])
-
-    ctx = mp.get_context(cfg.start_method)
-    ring = TrajectoryRing(
-        RingSpec(
-            num_slots=resolve_num_slots(cfg),
-            unroll_length=cfg.unroll_length,
-            obs_shape=spec.obs_shape,
-            obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
-            num_actions=spec.num_actions,
-            lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
-        ),
-        cfg.num_actors,
-        ctx,
-    )
-    slots = SlotManager(ring)
-    bounded = cfg.bounded_lag is not None
-    params = ParamStore.for_model(model, history=(cfg.bounded_lag + 2) if bounded else 1)
-    params.publish(model, version=st.version)
-    handles = ActorHandles.create(ctx, ring, params, cfg.num_actors, start_version=st.version)
-    logger = MetricsLogger(run_dir, cfg, sweep, resume_id=resumed.get("wandb_id"))
-    checkpointer = Checkpointer(
-        run_dir,
-        CheckpointPolicy(
-            cfg.checkpoint.every_frames, cfg.checkpoint.every_minutes, cfg.checkpoint.keep_last
-        ),
-        frames=st.frames,
-    )
-    checkpointer.best_return = resumed.get("best_return", float("-inf"))
-
-    def on_event(event: dict) -> None:
-        logger.event({**event, "frames": st.frames, "updates": st.version})
-        if event["event"] == "actor_replaced":
-            print(
-                f"impala_gpu: actor-{event['actor']} {event['cause']}; replaced "
-                f"(restart {event['restart']}, {event['slots_reclaimed']} slots reclaimed)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    setup = {
-        "event": "start",
-        "device": str(device),
-        "learner_threads": threads,
-        "precision": cfg.precision,
-        "compile": cfg.compile,
-        "allocator": allocator(),
-        "actors": cfg.num_actors,
-        "envs_per_actor": cfg.envs_per_actor,
-    }
-    logger.event(setup)
-    print(
-        f"impala_gpu: learner on {device} ({threads} threads, {cfg.precision}"
-        f"{', compiled' if cfg.compile else ''}, {allocator()} malloc); {cfg.num_actors} actors "
-        f"x {cfg.envs_per_actor} envs, T={cfg.unroll_length}, B={cfg.batch_size}",
-        file=sys.stderr,
-        flush=True,
-    )
-
-    # A resumed run must not replay the trajectories it already learned from (salt).
-    pool = ActorPool(ctx, cfg, spec, handles, slots, st.resumes, tele, on_event)
-
-    def save_checkpoint() -> Path:
-        state = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "version": st.version,
-            "frames": st.frames,
-            "elapsed_s": time.perf_counter() - st.start,
-            "resumes": st.resumes,
-            "rng": rng_state(),
-            "config": to_container(cfg),
-            "metrics_lines": count_lines(logger.path),
-            "wandb_id": logger.wandb_id,
-            "episode_returns": list(tele.episode_returns),
-            "episode_lengths": list(tele.episode_lengths),
-            "episodes": tele.episodes,
-            "lag_counts": tele.lag_counts,
-        }
-        mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
-        return checkpointer.save(state, st.frames, mean_return)
-
-    batcher = None
+    reporter = Reporter.build(cfg, run_dir, sweep, tele, learner.state, resumed)
+    data = None
     try:
-        pool.start()
+        data = DataPath.build(cfg, spec, device, learner, reporter)
+        reporter.announce_start(cfg, device, threads)
+        data.start()
+        try:
+            last = learn(cfg, learner, data, reporter, spec.frames_per_step)
+        except KeyboardInterrupt:
+            save_checkpoint(cfg, learner, reporter)  # Ctrl-C / SIGTERM keeps the work done
+            save_weights(learner.model, run_dir / "model.pt")
+            raise
+        save_checkpoint(cfg, learner, reporter)
+        save_weights(learner.model, run_dir / "model.pt")
+        return last
+    finally:
+        if data is not None:
+            data.close()
+        reporter.logger.close()
+
+
+@dataclass
+class DataPath:
+    """Actors -> ring -> batcher, and weights back through the parameter store."""
+
+    ring: TrajectoryRing
+    slots: SlotManager
+    params: ParamStore
+    handles: ActorHandles
+    pool: ActorPool
+    batcher: Batcher
+
+    @classmethod
+    def build(
+        cls, cfg: Config, spec: EnvSpec, device: torch.device, learner: Learner, rep: Reporter
+    ) -> DataPath:
+        state = learner.state
+        ctx = mp.get_context(cfg.start_method)
+        ring = TrajectoryRing(
+            RingSpec(
+                num_slots=resolve_num_slots(cfg),
+                unroll_length=cfg.unroll_length,
+                obs_shape=spec.obs_shape,
+                obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
+                num_actions=spec.num_actions,
+                lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
+            ),
+            cfg.num_actors,
+            ctx,
+        )
+        slots = SlotManager(ring)
+        bounded = cfg.bounded_lag is not None
+        params = ParamStore.for_model(
+            learner.model, history=(cfg.bounded_lag + 2) if bounded else 1
+        )
+        params.publish(learner.model, version=state.version)
+        handles = ActorHandles.create(ctx, ring, params, cfg.num_actors, state.version)
+        # A resumed run must not replay the trajectories it already learned from (salt).
+        pool = ActorPool(ctx, cfg, spec, handles, slots, state.resumes, rep.tele, rep.on_event)
         batcher = Batcher(
             ring,
             slots,
             cfg.batch_size,
             device,
-            learner_version=lambda: st.version,
+            learner_version=lambda: state.version,
             max_policy_lag=cfg.max_policy_lag,
             ordered_unrolls_per_batch=cfg.batch_size // cfg.envs_per_actor if bounded else 0,
             envs_per_actor=cfg.envs_per_actor,
         )
-        batcher.start()
-        loop = Loop(
-            cfg,
-            model,
-            optimizer,
-            scheduler,
-            tele,
-            st,
-            batcher,
-            params,
-            handles,
-            pool,
-            logger,
-            checkpointer,
-            save_checkpoint,
-            spec.frames_per_step,
-            grad_groups,
-            HealthWatch.from_config(cfg.health),
+        return cls(ring, slots, params, handles, pool, batcher)
+
+    def start(self) -> None:
+        self.pool.start()
+        self.batcher.start()
+
+    def close(self) -> None:
+        """Stop the actors and the batcher and free the ring. Idempotent; on every exit path."""
+        self.handles.stop.set()
+        if self.batcher.is_alive():
+            self.batcher.stop()
+        self.pool.join()
+        self.handles.episodes.cancel_join_thread()
+        self.ring.close()
+
+
+@dataclass
+class Reporter:
+    """Where the run reports: telemetry, the metrics and events files (and W&B), checkpoints,
+    network-health warnings."""
+
+    tele: Telemetry
+    logger: MetricsLogger
+    checkpointer: Checkpointer
+    health_watch: HealthWatch
+    state: LearnerState
+
+    @classmethod
+    def build(
+        cls,
+        cfg: Config,
+        run_dir: Path,
+        sweep: dict[str, Any] | None,
+        tele: Telemetry,
+        state: LearnerState,
+        resumed: dict,
+    ) -> Reporter:
+        logger = MetricsLogger(run_dir, cfg, sweep, resume_id=resumed.get("wandb_id"))
+        ck = cfg.checkpoint
+        checkpointer = Checkpointer(
+            run_dir,
+            CheckpointPolicy(ck.every_frames, ck.every_minutes, ck.keep_last),
+            frames=state.frames,
         )
-        try:
-            last = learn(loop)
-        except KeyboardInterrupt:
-            save_checkpoint()  # Ctrl-C / SIGTERM keeps the work done so far
-            save_weights(model, run_dir / "model.pt")
-            raise
-        save_checkpoint()
-        save_weights(model, run_dir / "model.pt")
-        return last
-    finally:
-        handles.stop.set()
-        if batcher is not None:
-            batcher.stop()
-        pool.join()
-        logger.close()
-        handles.episodes.cancel_join_thread()
-        ring.close()
+        checkpointer.best_return = resumed.get("best_return", float("-inf"))
+        return cls(tele, logger, checkpointer, HealthWatch.from_config(cfg.health), state)
+
+    def on_event(self, event: dict) -> None:
+        """An actor-pool event: into events.jsonl, and replacements onto the console."""
+        self.logger.event({**event, "frames": self.state.frames, "updates": self.state.version})
+        if event["event"] == "actor_replaced":
+            _say(
+                f"actor-{event['actor']} {event['cause']}; replaced "
+                f"(restart {event['restart']}, {event['slots_reclaimed']} slots reclaimed)"
+            )
+
+    def announce_start(self, cfg: Config, device: torch.device, threads: int) -> None:
+        self.logger.event(
+            {
+                "event": "start",
+                "device": str(device),
+                "learner_threads": threads,
+                "precision": cfg.precision,
+                "compile": cfg.compile,
+                "allocator": allocator(),
+                "actors": cfg.num_actors,
+                "envs_per_actor": cfg.envs_per_actor,
+            }
+        )
+        _say(
+            f"learner on {device} ({threads} threads, {cfg.precision}"
+            f"{', compiled' if cfg.compile else ''}, {allocator()} malloc); {cfg.num_actors} "
+            f"actors x {cfg.envs_per_actor} envs, T={cfg.unroll_length}, B={cfg.batch_size}"
+        )
+
+    def warn_health(self, m: dict[str, Any]) -> None:
+        for text in self.health_watch.check(m, self.state.version):
+            self.logger.event({"event": "health_warning", "message": text, "frames": m["frames"]})
+            _say(f"warning: {text}")
 
 
-def restore(resume: str, model, optimizer, scheduler, st: LoopState, tele: Telemetry) -> dict:
+def _say(text: str) -> None:
+    print(f"impala_gpu: {text}", file=sys.stderr, flush=True)
+
+
+def save_checkpoint(cfg: Config, learner: Learner, rep: Reporter) -> Path:
+    st, tele = learner.state, rep.tele
+    state = {
+        "model": learner.model.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "scheduler": learner.scheduler.state_dict(),
+        "version": st.version,
+        "frames": st.frames,
+        "elapsed_s": time.perf_counter() - st.start,
+        "resumes": st.resumes,
+        "rng": rng_state(),
+        "config": to_container(cfg),
+        "metrics_lines": count_lines(rep.logger.path),
+        "wandb_id": rep.logger.wandb_id,
+        "episode_returns": list(tele.episode_returns),
+        "episode_lengths": list(tele.episode_lengths),
+        "episodes": tele.episodes,
+        "lag_counts": tele.lag_counts,
+    }
+    mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
+    return rep.checkpointer.save(state, st.frames, mean_return)
+
+
+def restore(resume: str, model, optimizer, scheduler, st: LearnerState, tele: Telemetry) -> dict:
     """Load a checkpoint into the learner's objects; returns the checkpoint dict."""
     path = resolve_checkpoint(resume)
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
@@ -239,54 +282,17 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
 
 
-@dataclass
-class LoopState:
-    """Counters the train loop carries between updates, log lines and checkpoints."""
-
-    start: float = field(default_factory=time.perf_counter)
-    version: int = 0
-    frames: int = 0
-    resumes: int = 0
-    nonfinite_streak: int = 0
-    actor_steps: int = 0
-    actor_idle_ns: np.ndarray | None = None
-    logs: int = 0  # metric lines written by this process
-    run_start: float = 0.0  # when this process's train loop started
-    hinted: bool = False
-    health: dict[str, float] = field(default_factory=dict)  # last network-health measurement
-
-
-@dataclass
-class Loop:
-    """Everything ``learn`` works with, built by ``train``."""
-
-    cfg: Config
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    tele: Telemetry
-    st: LoopState
-    batcher: Batcher
-    params: ParamStore
-    handles: ActorHandles
-    pool: ActorPool
-    logger: MetricsLogger
-    checkpointer: Checkpointer
-    save_checkpoint: Any
-    frames_per_step: int
-    grad_groups: list | None  # parameters per named layer (health.grad_groups), or None
-    health_watch: HealthWatch
-
-
 HINT_AFTER_S = 20.0  # the tuning hint comes from the first log window after this
 
 
-def learn(L: Loop) -> dict[str, Any]:
-    """The train loop: wait for a batch, update, publish, log, checkpoint. Stops at
-    ``total_frames`` (or ``max_seconds``)."""
-    cfg, st, tele, batcher = L.cfg, L.st, L.tele, L.batcher
+def learn(
+    cfg: Config, learner: Learner, data: DataPath, rep: Reporter, frames_per_step: int
+) -> dict[str, Any]:
+    """The train loop: get a batch, update, publish, log, checkpoint. Stops at ``total_frames``,
+    ``max_seconds`` or ``target_return``. Returns the last logged metrics."""
+    st, tele, batcher = learner.state, rep.tele, data.batcher
     steps_per_update = cfg.batch_size * cfg.unroll_length
-    frames_per_update = steps_per_update * L.frames_per_step
+    frames_per_update = steps_per_update * frames_per_step
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
     run_start = st.run_start = time.perf_counter()
     deadline = run_start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
@@ -297,47 +303,63 @@ def learn(L: Loop) -> dict[str, Any]:
             got = batcher.get(timeout=1.0)
             t1 = time.perf_counter()
             tele.window.wait_s += t1 - t0
-            L.pool.check()
+            data.pool.check()
             if got is None:
                 continue
             k, batch = got
-            log_now = _log_due(L, last_log, deadline, frames_per_update)
-            timer = _GpuTimer() if batcher.cuda else None
-            stats = train_step(L.model, L.optimizer, batch, cfg.algo, cfg.precision, L.grad_groups)
-            if timer is not None:
-                tele.window.gpu_events.append(timer.stop())
-            stats_np = stats.cpu().numpy()  # the one host-device sync per update
-            tele.window.busy_s += time.perf_counter() - t1
+            # Decided once, before the step: health is measured on the batch still in hand.
+            log_now = _log_due(cfg, st, last_log, deadline, frames_per_update)
+            stats_np = update(cfg, learner, batch, tele, measure_health=log_now)
             lags = (st.version - batch.versions).numpy()
-            if cfg.health.enabled and log_now:  # on the batch still in hand
-                st.health = health.measure(
-                    L.model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
-                )
             batcher.done(k)
-            _guard_nonfinite(L, stats_np)
-            L.scheduler.step()
+            if learner.nonfinite.tripped(stats_np):
+                # The skipped updates never touched the weights: save them, then stop.
+                raise learner.nonfinite.error(save_checkpoint(cfg, learner, rep))
+            learner.scheduler.step()
             st.version += 1
             st.frames += frames_per_update
             tele.add_update(stats_np, lags, frames_per_update, steps_per_update)
             if st.version % cfg.publish_interval == 0:
-                L.params.publish(L.model, st.version)
+                data.params.publish(learner.model, st.version)
 
             now = time.perf_counter()
             done = st.frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
             if log_now or done:
-                last = _log(L, final=done)
+                last = log_metrics(cfg, learner, data, rep, frames_per_step, final=done)
                 bar.update(st.frames, last)
                 last_log = now
             if done:
                 break
-            if L.checkpointer.due(st.frames):
-                L.save_checkpoint()
+            if rep.checkpointer.due(st.frames):
+                save_checkpoint(cfg, learner, rep)
     except KeyboardInterrupt:
         bar.note("interrupted: saving a checkpoint, stopping actors, freeing shared memory")
         raise
     finally:
         bar.close()
     return last
+
+
+def update(
+    cfg: Config, learner: Learner, batch: Batch, tele: Telemetry, measure_health: bool
+) -> np.ndarray:
+    """One train step on ``batch``; returns its stats (STAT_NAMES order, then per-layer grad
+    norms). Times the step for the busy fraction (on CUDA, with events)."""
+    t1 = time.perf_counter()
+    model = learner.model
+    timer = _GpuTimer() if batch.obs.is_cuda else None
+    stats = train_step(
+        model, learner.optimizer, batch, cfg.algo, cfg.precision, learner.grad_groups
+    )
+    if timer is not None:
+        tele.window.gpu_events.append(timer.stop())
+    stats_np = stats.cpu().numpy()  # the one host-device sync per update
+    tele.window.busy_s += time.perf_counter() - t1
+    if cfg.health.enabled and measure_health:
+        learner.state.health = health.measure(
+            model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
+        )
+    return stats_np
 
 
 def solved(cfg: Config, tele: Telemetry, bar: Progress) -> bool:
@@ -348,27 +370,13 @@ def solved(cfg: Config, tele: Telemetry, bar: Progress) -> bool:
     return True
 
 
-def _log_due(L: Loop, last_log: float, deadline: float, frames_per_update: int) -> bool:
-    """Whether the update in progress ends with a metrics line: decided once, before the step,
-    so the health measurement and the line it belongs to always go together."""
+def _log_due(
+    cfg: Config, st: LearnerState, last_log: float, deadline: float, frames_per_update: int
+) -> bool:
+    """Whether the update in progress ends with a metrics line."""
     now = time.perf_counter()
-    last_update = L.st.frames + frames_per_update >= L.cfg.total_frames or now >= deadline
-    return now - last_log >= L.cfg.log_interval_s or last_update
-
-
-def _guard_nonfinite(L: Loop, stats_np: np.ndarray) -> None:
-    """Skipped NaN/inf updates are counted; too many in a row stop the run (weights intact)."""
-    if stats_np[STAT_NAMES.index("nonfinite")] == 0:
-        L.st.nonfinite_streak = 0
-        return
-    L.st.nonfinite_streak += 1
-    if L.st.nonfinite_streak >= L.cfg.max_nonfinite_updates:
-        path = L.save_checkpoint()  # the skipped updates never touched the weights
-        raise FloatingPointError(
-            f"{L.st.nonfinite_streak} consecutive updates had a non-finite loss or gradient "
-            f"(skipped, last good state saved to {path}). Fix: lower algo.learning_rate, check "
-            "rewards/observations for NaN, or raise max_nonfinite_updates."
-        )
+    last_update = st.frames + frames_per_update >= cfg.total_frames or now >= deadline
+    return now - last_log >= cfg.log_interval_s or last_update
 
 
 class _GpuTimer:
@@ -384,49 +392,52 @@ class _GpuTimer:
         return self.begin, self.end
 
 
-def _warn_health(L: Loop, m: dict[str, Any]) -> None:
-    for text in L.health_watch.check(m, L.st.version):
-        L.logger.event({"event": "health_warning", "message": text, "frames": L.st.frames})
-        print(f"impala_gpu: warning: {text}", file=sys.stderr, flush=True)
-
-
-def _log(L: Loop, final: bool = False) -> dict[str, Any]:
-    st, tele = L.st, L.tele
-    L.pool.drain()
+def log_metrics(
+    cfg: Config,
+    learner: Learner,
+    data: DataPath,
+    rep: Reporter,
+    frames_per_step: int,
+    final: bool = False,
+) -> dict[str, Any]:
+    """One metrics line: the telemetry window, the actors' counters, the ring, health."""
+    st, tele = learner.state, rep.tele
+    data.pool.drain()
     window_s = max(time.perf_counter() - tele.window.start, 1e-9)
     m, hist = tele.flush()
-    counters = L.handles.counters.numpy().copy()
+    counters = data.handles.counters.numpy().copy()
     actor_steps = int(counters[:, STEPS].sum())
     idle_ns = counters[:, IDLE_NS].astype(np.float64)
     idle_prev = st.actor_idle_ns if st.actor_idle_ns is not None else np.zeros_like(idle_ns)
+    batcher = data.batcher
     m.update(
         frames=st.frames,
-        agent_steps=st.frames // L.frames_per_step,
+        agent_steps=st.frames // frames_per_step,
         updates=st.version,
         elapsed_s=time.perf_counter() - st.start,
         actor_steps=actor_steps,
         actor_steps_per_s=(actor_steps - st.actor_steps) / window_s,
         actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / window_s),
-        ring_occupancy=L.batcher.ring.occupancy(),
-        dropped_stale=L.batcher.dropped_stale,
-        actor_restarts=L.pool.restarts,
-        stale_slots_dropped=L.batcher.slots.stale_dropped,
-        batcher_gather_s=L.batcher.gather_s,
-        lr=L.optimizer.param_groups[0]["lr"],
+        ring_occupancy=batcher.ring.occupancy(),
+        dropped_stale=batcher.dropped_stale,
+        actor_restarts=data.pool.restarts,
+        stale_slots_dropped=batcher.slots.stale_dropped,
+        batcher_gather_s=batcher.gather_s,
+        lr=learner.optimizer.param_groups[0]["lr"],
         time=time.time(),
     )
     m.update(st.health)
-    _warn_health(L, m)
+    rep.warn_health(m)
     st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
     st.logs += 1
     # Once: from the first window after start-up and warm-up, or the last one of a short run.
     warm = st.logs >= 2 and time.perf_counter() - st.run_start >= HINT_AFTER_S
     if not st.hinted and (warm or final):
         st.hinted = True
-        cores, device = os.cpu_count() or 1, L.batcher.device.type
-        hint = diagnose(m, L.cfg, cores, device, allocator(), conv=L.model.is_image)
-        L.logger.event(hint.as_event())
-        print(f"impala_gpu: {hint.describe()}", file=sys.stderr, flush=True)
-    L.logger.log(m, hist)
-    L.logger.write_json("lag_hist.json", tele.lag_histogram())
+        cores, device = os.cpu_count() or 1, batcher.device.type
+        hint = diagnose(m, cfg, cores, device, allocator(), conv=learner.model.is_image)
+        rep.logger.event(hint.as_event())
+        _say(hint.describe())
+    rep.logger.log(m, hist)
+    rep.logger.write_json("lag_hist.json", tele.lag_histogram())
     return m

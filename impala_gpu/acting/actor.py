@@ -1,0 +1,192 @@
+"""Actor process: step a batch of envs with a local CPU copy of the policy, write unrolls into
+the ring in their final dtype and layout, stamp each with the policy version that produced it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from impala_gpu.acting.rollout import EnvStepper, acting_process, sample_action
+from impala_gpu.channels.params import ParamStore, flat_parameters, load_flat_into
+from impala_gpu.channels.ring import TrajectoryRing
+from impala_gpu.config import Config
+from impala_gpu.envs import EnvSpec
+from impala_gpu.models import build_model
+
+# Columns of the shared per-actor counters tensor [num_actors, NUM_COUNTERS].
+STEPS, IDLE_NS, UNROLLS, HEARTBEAT_NS = range(4)
+NUM_COUNTERS = 4
+
+
+@dataclass
+class ActorHandles:
+    """What the learner hands each actor process (all picklable to spawn children)."""
+
+    ring: TrajectoryRing
+    params: ParamStore
+    counters: Tensor  # [num_actors, NUM_COUNTERS] int64, shared
+    episodes: object  # mp.Queue of ("episodes", actor, [(return, length)]) | ("error", actor, tb)
+    stop: object  # mp.Event
+    start_version: int = 0  # the learner's version when these actors started (resume)
+
+    @classmethod
+    def create(
+        cls, ctx, ring: TrajectoryRing, params: ParamStore, num_actors: int, start_version: int = 0
+    ) -> ActorHandles:
+        counters = torch.zeros(num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_()
+        return cls(ring, params, counters, ctx.Queue(), ctx.Event(), start_version)
+
+
+def bounded_lag_version(global_unroll: int, envs_per_actor: int, batch_size: int, k: int) -> int:
+    """The exact policy version an unroll uses in bounded-lag mode.
+
+    Batches take unrolls in global round-robin order (actor 0's n-th, actor 1's n-th, ...), so
+    unroll ``g`` lands in update ``g * E // B``. Acting with version ``update - k`` makes every
+    sample's lag exactly k (less at the start) and the whole run deterministic.
+    """
+    update = global_unroll * envs_per_actor // batch_size
+    return max(0, update - k)
+
+
+def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles, seed: int) -> None:
+    """Process entry point. Returns when ``handles.stop`` is set or the learner goes away."""
+    handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    try:
+        with acting_process(cfg, seed) as (env, parent):
+            _run(
+                actor_id,
+                cfg,
+                spec,
+                handles,
+                seed,
+                env,
+                should_stop=lambda: _should_stop(handles, parent, actor_id),
+            )
+    except Exception:
+        # Tell the learner why, then die: it logs the cause and starts a replacement.
+        handles.episodes.put(("error", actor_id, traceback.format_exc()))
+        time.sleep(0.2)  # let the queue's feeder thread flush before the process exits
+        raise
+
+
+def _should_stop(handles: ActorHandles, parent: int, actor_id: int) -> bool:
+    """Polled wherever the actor loops or waits; so it also beats the heartbeat (waiting for a
+    slot or a version is not hanging)."""
+    handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    return handles.stop.is_set() or os.getppid() != parent
+
+
+def _run(
+    actor_id, cfg: Config, spec: EnvSpec, h: ActorHandles, seed: int, env, should_stop
+) -> None:
+    E, T = cfg.envs_per_actor, cfg.unroll_length
+    ring, counters = h.ring, h.counters
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    model.eval()
+    flat = flat_parameters(model).detach().clone()
+    local_version = h.params.read(flat, should_stop=should_stop)
+    if local_version is None:
+        return
+    load_flat_into(model, flat)
+
+    envs = EnvStepper(env, cfg, spec, seed)
+    core = model.initial_state(E)
+    bounded = cfg.bounded_lag is not None
+    n_unroll = 0
+
+    def act(core_state):
+        return sample_action(model, envs, core_state, cfg.precision)
+
+    action, logits, next_core = act(core)
+    while not should_stop():
+        items = _acquire_slots(ring, counters, actor_id, E, should_stop)
+        if items is None:
+            return  # the learner takes back what we hold
+        idx = torch.tensor([slot for slot, _ in items])
+
+        g = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
+        # Bounded lag acts with one exact version; otherwise with the newest one (re-read on
+        # every retry: under history=1 a version can be overwritten before we get to copy it).
+        want = (
+            h.start_version + bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag)
+            if bounded
+            else None
+        )
+        # refresh_every=K > 1 keeps acting with old weights until the learner is K updates
+        # ahead: policy lag injected on purpose (the V-trace ablation).
+        stale = h.params.version - local_version >= cfg.refresh_every
+        if (want != local_version) if bounded else stale:
+            got = h.params.read(flat, version=want, should_stop=should_stop)
+            if got is None:  # told to stop while waiting
+                return
+            load_flat_into(model, flat)
+            local_version = got
+            if bounded and n_unroll > 0:
+                # The carried first step must come from the exact version too (determinism).
+                action, logits, next_core = act(core)
+
+        _stamp(ring, idx, local_version, actor_id, g, core)
+
+        game_overs: list[tuple[float, int]] = []
+        for t in range(T + 1):
+            if t > 0:
+                game_overs += envs.step(action)
+                core = next_core
+                action, logits, next_core = act(core)
+            ring.obs[idx, t] = envs.obs
+            ring.reward[idx, t] = envs.reward
+            ring.terminated[idx, t] = envs.terminated
+            ring.truncated[idx, t] = envs.truncated
+            ring.first[idx, t] = envs.first
+            ring.action[idx, t] = action
+            ring.logits[idx, t] = logits
+        for item in items:
+            ring.commit(actor_id, item)
+        n_unroll += 1
+        _report(h, actor_id, T * E, game_overs)
+
+
+def _acquire_slots(ring: TrajectoryRing, counters: Tensor, actor_id: int, n: int, should_stop):
+    """``n`` free slots from the ring (their wait counts as idle), or None when told to stop."""
+    items = []
+    t_idle = time.perf_counter_ns()
+    while len(items) < n:
+        item = ring.acquire(actor_id, timeout=0.2)
+        if item is not None:
+            items.append(item)
+        elif should_stop():
+            return None
+    counters[actor_id, IDLE_NS] += time.perf_counter_ns() - t_idle
+    return items
+
+
+def _stamp(
+    ring: TrajectoryRing, idx: Tensor, version: int, actor_id: int, unroll: int, core
+) -> None:
+    """Per-unroll fields: who acted, with which weights, and the core state before step 0."""
+    ring.version[idx] = version
+    ring.actor[idx] = actor_id
+    ring.unroll[idx] = unroll
+    ring.env_index[idx] = torch.arange(len(idx))
+    if core:
+        ring.core_h[idx] = core[0]
+        ring.core_c[idx] = core[1]
+
+
+def _report(h: ActorHandles, actor_id: int, steps: int, game_overs: list) -> None:
+    counters = h.counters
+    counters[actor_id, STEPS] += steps
+    counters[actor_id, UNROLLS] += 1
+    counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    if game_overs:
+        try:
+            h.episodes.put_nowait(("episodes", actor_id, game_overs))
+        except queue.Full:
+            pass

@@ -1,0 +1,171 @@
+"""Actor supervision: start the actor processes, notice when one dies or hangs, say why, take
+back its ring slots and start a replacement with a fresh seed.
+
+Death is seen through the process's exit code (a signal shows as SIGKILL, SIGSEGV, ...; an
+exception inside the actor also arrives as its traceback); a hang through a heartbeat the
+actor beats whenever it loops or waits. Too many restarts stop the run with a clear error.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from impala_gpu.acting.actor import HEARTBEAT_NS, UNROLLS, ActorHandles, actor_main
+from impala_gpu.channels.ring import SlotManager
+from impala_gpu.config import Config
+from impala_gpu.envs import EnvSpec, derive_seeds
+from impala_gpu.reporting.telemetry import Telemetry
+
+
+def stop_processes(
+    procs: Sequence[BaseProcess | None], drain: Callable[[], None], timeout: float = 10.0
+) -> None:
+    """Join every started process in ``procs``, calling ``drain`` while waiting; terminate, then
+    kill, any still alive after ``timeout`` s. Idempotent. Draining matters: a child does not
+    exit until its queues' buffered items are in the pipe, so a parent that stops reading while
+    it joins can wait on an idle child for good."""
+    started = [p for p in procs if p is not None and p.pid is not None]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in started if p.is_alive()]
+        if not alive:
+            break
+        drain()
+        alive[0].join(timeout=0.05)
+    for p in started:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=2)
+    drain()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class ActorPool:
+    def __init__(
+        self,
+        ctx,
+        cfg: Config,
+        spec: EnvSpec,
+        handles: ActorHandles,
+        slots: SlotManager,
+        seed_salt: int,
+        tele: Telemetry,
+        on_event,  # (dict) -> None: logs an event line
+    ):
+        self.ctx, self.cfg, self.spec, self.h, self.slots = ctx, cfg, spec, handles, slots
+        self.tele, self.on_event = tele, on_event
+        self.seed_salt = seed_salt
+        self.procs: list[Any] = [None] * cfg.num_actors
+        self.restarts = 0
+        self.errors: dict[int, str] = {}
+        self.pending_ready: dict[int, tuple[float, int]] = {}  # actor -> (spawn time, unrolls)
+        self.last_check = 0.0
+
+    def start(self) -> None:
+        seeds = derive_seeds(self.cfg.seed, self.cfg.num_actors, salt=self.seed_salt)
+        for i, seed in enumerate(seeds):
+            self._spawn(i, seed)
+
+    def _spawn(self, i: int, seed: int) -> None:
+        self.h.counters[i, HEARTBEAT_NS] = time.time_ns()
+        p = self.ctx.Process(
+            target=actor_main,
+            args=(i, self.cfg, self.spec, self.h, seed),
+            name=f"actor-{i}",
+            daemon=True,
+        )
+        p.start()
+        self.procs[i] = p
+
+    def drain(self) -> None:
+        """Route actor messages: episode stats to telemetry, errors kept as causes of death."""
+        while True:
+            try:
+                kind, actor, payload = self.h.episodes.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "episodes":
+                self.tele.add_episodes(payload)
+            elif kind == "error":
+                self.errors[actor] = payload
+
+    def check(self, min_interval_s: float = 0.25) -> None:
+        """Replace dead or hung actors (rate-limited: cheap enough for every loop turn)."""
+        now = time.monotonic()
+        if now - self.last_check < min_interval_s:
+            return
+        self.last_check = now
+        wall_ns = time.time_ns()
+        for i, p in enumerate(self.procs):
+            if (
+                i in self.pending_ready
+                and int(self.h.counters[i, UNROLLS]) > self.pending_ready[i][1]
+            ):
+                spawned, _ = self.pending_ready.pop(i)
+                self.on_event({"event": "actor_ready", "actor": i, "since_spawn_s": now - spawned})
+            silent_s = (wall_ns - int(self.h.counters[i, HEARTBEAT_NS])) / 1e9
+            if p.exitcode is not None:
+                self.drain()
+                cause = describe_exit(p.exitcode)
+                if i in self.errors:
+                    cause += ": " + self.errors.pop(i).strip().splitlines()[-1]
+                self._replace(i, cause, p.exitcode)
+            elif silent_s > self.cfg.actor_timeout_s:
+                p.kill()
+                p.join(timeout=5)
+                self._replace(i, f"no heartbeat for {silent_s:.0f} s (hung); killed", p.exitcode)
+
+    def _replace(self, i: int, cause: str, exitcode: int | None) -> None:
+        t0 = time.monotonic()
+        if self.cfg.bounded_lag is not None:
+            raise RuntimeError(
+                f"actor-{i} {cause}. bounded_lag runs are deterministic by construction and "
+                "can't survive a restart. Fix: rerun, or drop bounded_lag for fault tolerance."
+            )
+        self.restarts += 1
+        if self.restarts > self.cfg.max_actor_restarts:
+            raise RuntimeError(
+                f"actor-{i} {cause}: that is restart {self.restarts}, over max_actor_restarts="
+                f"{self.cfg.max_actor_restarts}; the actors are crash-looping, stopping the run. "
+                "Fix: see the causes in events.jsonl; raise max_actor_restarts if they are rare."
+            )
+        reclaimed = self.slots.reclaim(i, self.ctx.Queue(), self.ctx.Queue())
+        seed = derive_seeds(self.cfg.seed, 1, salt=10_000 + self.seed_salt * 1_000 + self.restarts)[
+            0
+        ]
+        self._spawn(i, seed)
+        self.pending_ready[i] = (time.monotonic(), int(self.h.counters[i, UNROLLS]))
+        self.on_event(
+            {
+                "event": "actor_replaced",
+                "actor": i,
+                "cause": cause,
+                "exitcode": exitcode,
+                "slots_reclaimed": reclaimed,
+                "restart": self.restarts,
+                "new_pid": self.procs[i].pid,
+                "replace_s": time.monotonic() - t0,
+            }
+        )
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for the actors to leave (after ``handles.stop``), draining their messages."""
+        stop_processes(self.procs, self.drain, timeout)

@@ -1,0 +1,100 @@
+"""Env stepping and action sampling, shared by IMPALA's actors and A3C's workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from impala_gpu.config import Config
+from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env, reset_vector_env
+from impala_gpu.models import CoreState, Policy
+from impala_gpu.speed import autocast
+
+
+class EnvStepper:
+    """A vector env and the per-env state the ring's layout needs (``channels/ring.py``): the
+    current observation, the reward received on arriving there, its terminated/truncated
+    flags, whether it starts an episode; plus each env's raw return and length so far.
+
+    Every env autoresets on the NEXT step (gymnasium's NEXT_STEP mode): the step after a
+    game's final observation returns the next game's first one, with reward 0. With
+    ``env.episodic_life`` a lost life is ``terminated`` too, but the game goes on: the next step
+    is real play (its reward counts) that starts the next training episode (``first``).
+    Returns are reported per game, not per life.
+    """
+
+    def __init__(self, env, cfg: Config, spec: EnvSpec, seed: int):
+        E = cfg.envs_per_actor
+        self.env, self.clip_rewards = env, cfg.env.clip_rewards
+        obs_np, _ = reset_vector_env(env, derive_seeds(seed, E, salt=1))
+        self.obs = torch.from_numpy(obs_np)
+        self.reward = torch.zeros(E)
+        self.terminated = torch.zeros(E, dtype=torch.bool)
+        self.truncated = torch.zeros(E, dtype=torch.bool)
+        self.first = torch.ones(E, dtype=torch.bool)
+        self.game_over = np.zeros(E, dtype=bool)  # the last step ended the game: next is a reset
+        self.ep_return = np.zeros(E)
+        self.ep_length = np.zeros(E, dtype=np.int64)
+
+    def step(self, action: Tensor) -> list[tuple[float, int]]:
+        """One step of every env. Returns the games that ended: (raw return, length)."""
+        obs_np, rew_np, term_np, trunc_np, info = self.env.step(action.numpy())
+        self.first = self.terminated | self.truncated
+        reset_step = self.game_over  # a reset step's reward belongs to no game
+        self.obs = torch.from_numpy(obs_np)
+        terminated = np.asarray(term_np, dtype=bool)
+        truncated = np.asarray(trunc_np, dtype=bool)
+        self.terminated, self.truncated = torch.from_numpy(terminated), torch.from_numpy(truncated)
+        raw = np.asarray(rew_np, dtype=np.float64)
+        # The learner sees clipped rewards; reported returns stay the game's real score.
+        self.reward = torch.from_numpy(
+            np.clip(raw, -1.0, 1.0) if self.clip_rewards else raw
+        ).float()
+        live = ~reset_step
+        self.ep_return[live] += raw[live]
+        self.ep_length[live] += 1
+        # A life loss (episodic life) ends the training episode, not the game.
+        life_loss = np.asarray(info.get("life_loss", np.zeros(len(raw), dtype=bool)), dtype=bool)
+        self.game_over = truncated | (terminated & ~life_loss)
+        ended = self.game_over
+        games = [(float(self.ep_return[j]), int(self.ep_length[j])) for j in np.flatnonzero(ended)]
+        self.ep_return[ended] = 0.0
+        self.ep_length[ended] = 0
+        return games
+
+
+@torch.no_grad()
+def sample_action(
+    model: Policy, envs: EnvStepper, core: CoreState, precision: str
+) -> tuple[Tensor, Tensor, CoreState]:
+    """Act once at every env's current observation. Returns the sampled actions ``[E]``, the
+    fp32 logits they came from ``[E, A]`` and the core state after the step (fp32: the LSTM
+    core runs outside autocast)."""
+    with autocast("cpu", precision):
+        out = model(envs.obs.unsqueeze(0), envs.first.unsqueeze(0), core)
+    logits = out.logits[0].float()
+    action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+    return action, logits, out.core_state
+
+
+@contextmanager
+def acting_process(cfg: Config, seed: int) -> Iterator[tuple[object, int]]:
+    """The start of every acting child process (IMPALA actor, A3C worker): Ctrl-C is left to
+    the parent, which coordinates shutdown; one torch thread (the processes are the
+    parallelism); a seeded RNG. Yields the process's vector env and its parent's pid (a child
+    whose parent is gone stops), and closes the env on the way out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    parent = os.getppid()
+    env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
+    try:
+        yield env, parent
+    finally:
+        env.close()

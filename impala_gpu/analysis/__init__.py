@@ -1,0 +1,71 @@
+"""Load training runs and Hydra sweeps into pandas, and turn them into curves, tables and text.
+
+A run directory holds ``config.yaml`` (the resolved config) and ``metrics.jsonl`` (one JSON
+object per log interval); optionally ``lag_hist.json`` (the whole run's per-sample policy lag
+histogram) and, for a failed sweep point, ``error.txt``. A sweep is any directory tree of run
+directories, e.g. ``multirun/<date>/<time>/``.
+
+Everything here is read-only and pure: functions take paths or DataFrames and return new ones.
+Typical use (what the notebooks in ``notebooks/`` do)::
+
+    df = load_sweep("multirun/2026-11-30/14-00-00")
+    band = curves(df, x="frames", y="episode_return", by=("algo",))
+    table = summary_table(df, threshold=475)
+    print(conclusion(table))
+"""
+
+from impala_gpu.analysis.runs import (
+    CONFIG_FILE,
+    ERROR_FILE,
+    IMPALA_ALGOS,
+    LAG_HIST_FILE,
+    METRIC_COLUMNS,
+    METRICS_FILE,
+    RUN_COLUMNS,
+    Run,
+    find_runs,
+    latest_sweep,
+    load_run,
+    load_runs,
+    load_sweep,
+    read_lag_hist,
+    read_metrics,
+    runs_frame,
+)
+from impala_gpu.analysis.summaries import (
+    conclusion,
+    curves,
+    frames_to_threshold,
+    lag_histograms,
+    lag_summary,
+    seconds_to_threshold,
+    summary_keys,
+    summary_table,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "ERROR_FILE",
+    "IMPALA_ALGOS",
+    "LAG_HIST_FILE",
+    "METRICS_FILE",
+    "METRIC_COLUMNS",
+    "RUN_COLUMNS",
+    "Run",
+    "find_runs",
+    "latest_sweep",
+    "load_run",
+    "load_runs",
+    "load_sweep",
+    "read_lag_hist",
+    "read_metrics",
+    "runs_frame",
+    "conclusion",
+    "curves",
+    "frames_to_threshold",
+    "lag_histograms",
+    "lag_summary",
+    "seconds_to_threshold",
+    "summary_keys",
+    "summary_table",
+]

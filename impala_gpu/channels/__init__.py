@@ -1,0 +1,2 @@
+"""Channels between processes: the trajectory ring (actors -> learner) and the parameter
+store (learner -> actors)."""

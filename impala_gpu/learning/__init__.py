@@ -1,0 +1,1 @@
+"""Learning: the batcher (ring -> device batches), the train step, the optimizers."""

@@ -1,0 +1,206 @@
+"""Learner: the train step (forward, V-trace loss, backward, clipping, the optimizer step), the
+optimizers and the learning-rate schedule. Batches come from ``learning.batcher``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from impala_gpu.config import AlgoCfg, Config
+from impala_gpu.envs import EnvSpec
+from impala_gpu.learning.batcher import Batch
+from impala_gpu.learning.optim import OPTIMIZERS, RMSpropTF
+from impala_gpu.models import build_model
+from impala_gpu.reporting import health
+from impala_gpu.reporting.health import layer_grad_norms
+from impala_gpu.rl.losses import discounts_from_terminated, impala_loss
+from impala_gpu.speed import autocast, compile_model
+
+
+def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
+    if algo.optimizer in ("rmsprop", "rmsprop_tf"):
+        rmsprop = torch.optim.RMSprop if algo.optimizer == "rmsprop" else RMSpropTF
+        return rmsprop(
+            model.parameters(),
+            lr=algo.learning_rate,
+            alpha=algo.rmsprop_alpha,
+            eps=algo.rmsprop_eps,
+            momentum=algo.rmsprop_momentum,
+        )
+    if algo.optimizer == "adam":
+        return torch.optim.Adam(
+            model.parameters(),
+            lr=algo.learning_rate,
+            betas=(algo.adam_beta1, algo.adam_beta2),
+            eps=algo.adam_eps,
+        )
+    raise ValueError(f"algo.optimizer={algo.optimizer!r} is not one of {OPTIMIZERS}.")
+
+
+def lr_factor(cfg: Config, frames: int) -> float:
+    """The learning rate's multiplier after ``frames`` frames: linear decay to 0 over
+    ``total_frames`` (the paper), or 1 for a constant schedule."""
+    if cfg.algo.lr_schedule == "constant":
+        return 1.0
+    if cfg.algo.lr_schedule != "linear":
+        raise ValueError(
+            f"algo.lr_schedule={cfg.algo.lr_schedule!r} is not 'linear' or 'constant'."
+        )
+    return max(0.0, 1.0 - frames / max(1, cfg.total_frames))
+
+
+def make_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: Config, frames_per_update: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``lr_factor`` per update, as a torch scheduler (its state goes into checkpoints)."""
+    lr_factor(cfg, 0)  # fail early on an unknown schedule
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda update: lr_factor(cfg, update * frames_per_update)
+    )
+
+
+STAT_NAMES = (
+    "total_loss",
+    "pg_loss",
+    "baseline_loss",
+    "entropy_loss",
+    "entropy",
+    "grad_norm",
+    "clipped_rho_fraction",
+    "clipped_pg_rho_fraction",
+    "mean_rho",
+    "nonfinite",
+)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    algo: AlgoCfg,
+    precision: str = "fp32",
+    grad_groups: list[list[nn.Parameter]] | None = None,
+) -> Tensor:
+    """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
+    so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
+    group's gradient norm before clipping (``health.layer_grad_norms``).
+
+    ``precision="bf16"`` runs the forward pass under bf16 autocast; V-trace and the loss are
+    computed from fp32 casts of the logits and values, and backward runs outside autocast.
+    """
+    with autocast(batch.obs.device, precision):
+        out = model(batch.obs, batch.first, batch.core_state)
+    logits, values = out.logits.float(), out.value.float()
+    rewards = batch.reward[1:]
+    loss = impala_loss(
+        target_logits_t=logits[:-1],
+        values_t=values[:-1],
+        bootstrap_value=values[-1],
+        behavior_logits=batch.logits[:-1],
+        actions=batch.action[:-1],
+        rewards=rewards,
+        discounts=discounts_from_terminated(batch.terminated[1:], algo.discount),
+        # The step out of a final observation only leads to the next episode's reset obs.
+        valid=~(batch.terminated[:-1] | batch.truncated[:-1]),
+        baseline_cost=algo.baseline_cost,
+        entropy_cost=algo.entropy_cost,
+        clip_rho_threshold=algo.clip_rho_threshold,
+        clip_pg_rho_threshold=algo.clip_pg_rho_threshold,
+        lambda_=algo.vtrace_lambda,
+        reduction=algo.reduction,
+        correction=algo.correction,
+        normalize_advantages=algo.normalize_advantages,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.total.backward()
+    layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
+    max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    finite = torch.isfinite(grad_norm) & torch.isfinite(loss.total.detach())
+    # A NaN/inf step is skipped, never applied: one sync, paid anyway when stats are read.
+    if bool(finite):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    stats = torch.stack(
+        [
+            loss.total.detach(),
+            loss.pg_loss,
+            loss.baseline_loss,
+            loss.entropy_loss,
+            loss.entropy,
+            grad_norm.detach(),
+            loss.clipped_rho_fraction,
+            loss.clipped_pg_rho_fraction,
+            loss.mean_rho,
+            (~finite).to(grad_norm.dtype),
+        ]
+    ).float()
+    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
+
+
+class NonfiniteGuard:
+    """Counts consecutive NaN/inf updates (``train_step`` skips them, so the weights stay
+    good); ``limit`` in a row is a run that cannot go on."""
+
+    def __init__(self, limit: int):
+        self.limit, self.streak = limit, 0
+
+    def tripped(self, stats: np.ndarray) -> bool:
+        """Take one update's stats (STAT_NAMES order); True once the streak reaches the limit."""
+        self.streak = self.streak + 1 if stats[STAT_NAMES.index("nonfinite")] else 0
+        return self.streak >= self.limit
+
+    def error(self, saved: Path | None = None) -> FloatingPointError:
+        kept = f"skipped, last good state saved to {saved}" if saved else "skipped"
+        return FloatingPointError(
+            f"{self.streak} consecutive updates had a non-finite loss or gradient ({kept}). "
+            "Fix: lower algo.learning_rate, check rewards/observations for NaN, or raise "
+            "max_nonfinite_updates."
+        )
+
+
+@dataclass
+class LearnerState:
+    """Counters the learner carries between updates, log lines and checkpoints."""
+
+    start: float = field(default_factory=time.perf_counter)
+    version: int = 0  # updates applied: the version of the weights
+    frames: int = 0
+    resumes: int = 0
+    actor_steps: int = 0
+    actor_idle_ns: np.ndarray | None = None
+    logs: int = 0  # metric lines written by this process
+    run_start: float = 0.0  # when this process's train loop started
+    hinted: bool = False
+    health: dict[str, float] = field(default_factory=dict)  # last network-health measurement
+
+
+@dataclass
+class Learner:
+    """The learning side: the model and what updates it."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    grad_names: list[str]  # named layers whose gradient norms are reported (health)
+    grad_groups: list | None  # their parameters (health.grad_groups), or None when health is off
+    nonfinite: NonfiniteGuard
+    state: LearnerState
+
+
+def build_learner(cfg: Config, spec: EnvSpec, device: torch.device) -> Learner:
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
+    optimizer = make_optimizer(model, cfg.algo)
+    compile_model(model, cfg.compile)
+    frames_per_update = cfg.batch_size * cfg.unroll_length * spec.frames_per_step
+    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
+    grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
+    guard = NonfiniteGuard(cfg.max_nonfinite_updates)
+    return Learner(model, optimizer, scheduler, grad_names, grad_groups, guard, LearnerState())

@@ -1,0 +1,1 @@
+"""Reporting: metrics, telemetry, the console, tuning hints, network health, checkpoints."""

@@ -1,0 +1,1 @@
+"""Pure RL functions: V-trace and the losses, time-major ``[T, B]``."""

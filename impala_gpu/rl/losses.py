@@ -1,0 +1,251 @@
+"""IMPALA actor-critic loss (policy gradient + baseline + entropy bonus) on V-trace targets.
+
+Tensors are time-major ``[T, B, ...]``. ``valid[t, b] == False`` marks a
+pseudo-transition that must contribute nothing: under gymnasium's NEXT_STEP
+autoreset the step taken from an episode's final observation only produces the
+next episode's reset observation. Such steps are masked by forcing ``rho = c = 0``
+there, which makes the V-trace target at the step equal ``V(x_s)`` exactly; the
+previous step then bootstraps from the value of the final observation (the right
+thing for truncation; for termination its discount is already 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from impala_gpu.rl import vtrace
+
+__all__ = ["LossOutput", "discounts_from_terminated", "impala_loss"]
+
+_REDUCTIONS = ("sum", "mean")
+
+
+@dataclass
+class LossOutput:
+    """Result of :func:`impala_loss`.
+
+    ``total`` carries gradient; every other field is a detached tensor (0-dim unless
+    stated) so logging does not force a device sync. ``pg_loss + baseline_loss +
+    entropy_loss == total`` (all already weighted by their costs and reduced).
+    """
+
+    total: torch.Tensor
+    pg_loss: torch.Tensor
+    baseline_loss: torch.Tensor
+    entropy_loss: torch.Tensor
+    entropy: torch.Tensor
+    """Mean policy entropy per valid step (nats)."""
+    clipped_rho_fraction: torch.Tensor
+    """Fraction of valid steps whose true rho exceeds ``clip_rho_threshold``."""
+    clipped_pg_rho_fraction: torch.Tensor
+    """Fraction of valid steps whose true rho exceeds ``clip_pg_rho_threshold``."""
+    mean_rho: torch.Tensor
+    """Mean true importance ratio pi/mu over valid steps (1.0 when on-policy)."""
+    advantage_mean: torch.Tensor
+    """Mean pg advantage over valid steps."""
+    vs_mean: torch.Tensor
+    """Mean V-trace value target over valid steps."""
+    num_valid: torch.Tensor
+    """Number of valid steps (float)."""
+    vs: torch.Tensor
+    """V-trace value targets, ``[T, B]``."""
+    pg_advantages: torch.Tensor
+    """Policy-gradient advantages, ``[T, B]`` (0 at invalid steps)."""
+
+
+def discounts_from_terminated(terminated_t: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-step discounts ``gamma * (1 - terminated_t)`` as float32 ``[T, B]``.
+
+    Truncation must NOT be passed here: a truncated episode keeps discount ``gamma``
+    and is handled by the ``valid`` mask of :func:`impala_loss`.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    return gamma * (~terminated_t.bool()).float()
+
+
+def _masked_sum(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    # torch.where (not a multiply) so NaN/inf in masked-out slots cannot leak through.
+    return torch.where(valid, x, torch.zeros_like(x)).sum()
+
+
+def normalized(x: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``x [T, B]`` shifted and scaled to mean 0, std 1 over its ``valid`` entries (0 elsewhere)."""
+    n = valid.sum().clamp(min=1)
+    mean = _masked_sum(x, valid) / n
+    var = _masked_sum((x - mean) ** 2, valid) / (n - 1).clamp(min=1)
+    return torch.where(valid, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
+
+
+def _checked_mask(
+    target_logits_t: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    values_t: torch.Tensor,
+    valid: torch.Tensor,
+    reduction: str,
+) -> torch.Tensor:
+    """``valid`` as a bool mask, after checking that the loss's inputs fit together."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if behavior_logits.shape != target_logits_t.shape:
+        raise ValueError(
+            "behavior_logits and target_logits_t must have the same shape, got "
+            f"{tuple(behavior_logits.shape)} and {tuple(target_logits_t.shape)}"
+        )
+    if valid.shape != values_t.shape:
+        raise ValueError(
+            f"valid.shape {tuple(valid.shape)} must equal values_t.shape {tuple(values_t.shape)}"
+        )
+    if valid.is_floating_point():
+        raise TypeError(f"valid must be a bool (or integer) mask, got dtype {valid.dtype}")
+    return valid.bool()
+
+
+def policy_entropy(logits_t: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax policy ``[T, B, A] -> [T, B]``, in fp32."""
+    log_policy = F.log_softmax(logits_t.float(), dim=-1)
+    # Clamping keeps p * log p finite (0, not NaN) for actions masked with -inf logits.
+    log_policy_finite = log_policy.clamp(min=torch.finfo(log_policy.dtype).min)
+    return -(log_policy.exp() * log_policy_finite).sum(dim=-1)
+
+
+def impala_loss(
+    target_logits_t: torch.Tensor,
+    values_t: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+    reduction: str = "sum",
+    correction: bool = True,
+    normalize_advantages: bool = False,
+) -> LossOutput:
+    """IMPALA loss with V-trace targets.
+
+    Args:
+        target_logits_t: Learner policy logits ``[T, B, A]`` (with gradient).
+        values_t: Learner values ``V(x_t)`` ``[T, B]`` (with gradient).
+        bootstrap_value: ``V(x_T)`` ``[B]``; used as a constant (no gradient).
+        behavior_logits: Actor policy logits ``[T, B, A]``.
+        actions: Actions taken ``[T, B]`` int.
+        rewards: ``[T, B]``.
+        discounts: ``gamma * (1 - terminated_t)`` ``[T, B]``.
+        valid: ``[T, B]`` bool (or 0/1 integer); False = pseudo-transition to ignore.
+        baseline_cost: Weight of ``0.5 * (vs - V)^2``.
+        entropy_cost: Weight of the entropy bonus.
+        clip_rho_threshold, clip_pg_rho_threshold, lambda_: V-trace parameters.
+        reduction: ``"sum"`` over time and batch (paper / TorchBeast default) or
+            ``"mean"`` (each sum divided by the number of valid steps, at least 1).
+        correction: If False, ablate importance weighting: ``rho = 1`` at every valid
+            step, i.e. plain n-step / lambda-returns on possibly stale data.
+        normalize_advantages: Scale the policy-gradient advantages to mean 0 and standard
+            deviation 1 over the batch's valid steps (PPO, Sample Factory), so the policy's
+            signal keeps its size when rewards are rare; the value targets are unchanged.
+
+    Returns:
+        :class:`LossOutput`.
+    """
+    valid = _checked_mask(target_logits_t, behavior_logits, values_t, valid, reduction)
+
+    target_action_log_probs = vtrace.action_log_probs(target_logits_t, actions)
+    with torch.no_grad():
+        behavior_action_log_probs = vtrace.action_log_probs(behavior_logits.detach(), actions)
+        true_log_rhos = target_action_log_probs.detach() - behavior_action_log_probs
+        log_rhos = true_log_rhos if correction else torch.zeros_like(true_log_rhos)
+        # rho = c = 0 at invalid steps zeroes their delta and cuts the trace there; where()
+        # keeps NaN from garbage logits at those steps out of exp().
+        log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
+
+    vs, pg_advantages = vtrace.from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values_t,
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        lambda_=lambda_,
+    )
+
+    if normalize_advantages:
+        pg_advantages = normalized(pg_advantages, valid)
+    values_f = values_t.float()
+    pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
+    baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)
+
+    entropy_sum = _masked_sum(policy_entropy(target_logits_t), valid)
+
+    num_valid = valid.sum().float()
+    denom = num_valid.clamp(min=1.0)
+    scale = denom if reduction == "mean" else torch.ones_like(denom)
+
+    pg_loss = pg_sum / scale
+    baseline_loss = baseline_cost * baseline_sum / scale
+    entropy_loss = -entropy_cost * entropy_sum / scale
+    total = pg_loss + baseline_loss + entropy_loss
+
+    return _loss_output(
+        total,
+        (pg_loss, baseline_loss, entropy_loss),
+        num_valid,
+        entropy_sum,
+        true_log_rhos,
+        vs,
+        pg_advantages,
+        valid,
+        (clip_rho_threshold, clip_pg_rho_threshold),
+    )
+
+
+@torch.no_grad()
+def _loss_output(
+    total: torch.Tensor,
+    terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    num_valid: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    true_log_rhos: torch.Tensor,
+    vs: torch.Tensor,
+    pg_advantages: torch.Tensor,
+    valid: torch.Tensor,
+    thresholds: tuple[float | None, float | None],
+) -> LossOutput:
+    """The loss (``total`` keeps its graph), its terms and their diagnostics. The ratio
+    diagnostics use the true ratios even when ``correction=False``, to show staleness."""
+    pg_loss, baseline_loss, entropy_loss = terms
+    denom = num_valid.clamp(min=1.0)
+    rhos = torch.exp(true_log_rhos)
+
+    def valid_mean(x: torch.Tensor) -> torch.Tensor:
+        return _masked_sum(x, valid) / denom
+
+    def clipped_fraction(threshold: float | None) -> torch.Tensor:
+        if threshold is None:
+            return torch.zeros((), device=rhos.device)
+        return valid_mean((rhos > threshold).float())
+
+    return LossOutput(
+        total=total,
+        pg_loss=pg_loss.detach(),
+        baseline_loss=baseline_loss.detach(),
+        entropy_loss=entropy_loss.detach(),
+        entropy=entropy_sum.detach() / denom,
+        clipped_rho_fraction=clipped_fraction(thresholds[0]),
+        clipped_pg_rho_fraction=clipped_fraction(thresholds[1]),
+        mean_rho=valid_mean(rhos),
+        advantage_mean=valid_mean(pg_advantages),
+        vs_mean=valid_mean(vs),
+        num_valid=num_valid,
+        vs=vs,
+        pg_advantages=pg_advantages,
+    )

@@ -1,0 +1,186 @@
+"""Checkpoints and resume: atomic files, last-N and best kept, a run interrupted and resumed
+continues its counters and metrics with no step missing or logged twice; SIGTERM and NaN."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from leakcheck import (
+    cli_command,
+    leaked_shm,
+    popen_marked,
+    processes_with_marker,
+    shm_entries,
+    wait_for_log,
+)
+
+from impala_gpu.algos.impala import LearnerState, restore
+from impala_gpu.config import AlgoCfg, ModelCfg
+from impala_gpu.learning.learner import (
+    STAT_NAMES,
+    Batch,
+    NonfiniteGuard,
+    make_optimizer,
+    train_step,
+)
+from impala_gpu.models import build_model
+from impala_gpu.reporting.checkpoint import (
+    Checkpointer,
+    CheckpointPolicy,
+    list_checkpoints,
+    resolve_checkpoint,
+    truncate_lines,
+)
+from impala_gpu.validate import ConfigError
+
+
+def test_checkpointer_keeps_last_n_and_best(tmp_path):
+    ck = Checkpointer(tmp_path, CheckpointPolicy(every_frames=100, every_minutes=0, keep_last=2))
+    assert not ck.due(99) and ck.due(100)
+    for frames, ret in [(100, 5.0), (200, 9.0), (300, 7.0), (400, None)]:
+        ck.save({"frames": frames}, frames, ret)
+    kept = [torch.load(p)["frames"] for p in list_checkpoints(tmp_path)]
+    assert kept == [300, 400]
+    best = torch.load(tmp_path / "checkpoints" / "best.pt")
+    assert best["frames"] == 200 and best["best_return"] == 9.0
+    assert not list((tmp_path / "checkpoints").glob(".*tmp")), "a temp file was left behind"
+    assert resolve_checkpoint(tmp_path).name == "ckpt_000000000400.pt"
+
+
+def test_missing_checkpoints_give_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no checkpoint in run dir"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_truncate_lines(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text("a\nb\nc\n")
+    truncate_lines(p, 2)
+    assert p.read_text() == "a\nb\n"
+
+
+def test_incompatible_checkpoint_is_refused_clearly(tmp_path):
+    big = build_model((4,), 2, ModelCfg(name="mlp", hidden_size=64))
+    torch.save({"model": big.state_dict()}, tmp_path / "c.pt")
+    small = build_model((4,), 2, ModelCfg(name="mlp", hidden_size=32))
+    opt = make_optimizer(small, AlgoCfg())
+    with pytest.raises(ConfigError, match="different model"):
+        restore(str(tmp_path / "c.pt"), small, opt, None, LearnerState(), None)
+
+
+def _batch(T=4, B=2, nan_reward=False) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    reward = torch.randn(T + 1, B, generator=g)
+    if nan_reward:
+        reward[2, 1] = float("nan")
+    return Batch(
+        obs=torch.randn(T + 1, B, 4, generator=g),
+        reward=reward,
+        terminated=torch.zeros(T + 1, B, dtype=torch.bool),
+        truncated=torch.zeros(T + 1, B, dtype=torch.bool),
+        first=torch.zeros(T + 1, B, dtype=torch.bool),
+        action=torch.randint(0, 2, (T + 1, B), generator=g),
+        logits=torch.randn(T + 1, B, 2, generator=g),
+    )
+
+
+def test_nonfinite_update_is_skipped_not_applied():
+    model = build_model((4,), 2, ModelCfg(name="mlp", hidden_size=16))
+    opt = make_optimizer(model, AlgoCfg())
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = train_step(model, opt, _batch(nan_reward=True), AlgoCfg())
+    assert stats[STAT_NAMES.index("nonfinite")] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    stats = train_step(model, opt, _batch(), AlgoCfg())
+    assert stats[STAT_NAMES.index("nonfinite")] == 0
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_repeated_nonfinite_updates_trip_the_guard():
+    guard = NonfiniteGuard(limit=3)
+    bad = np.zeros(len(STAT_NAMES))
+    bad[STAT_NAMES.index("nonfinite")] = 1
+    assert not guard.tripped(bad)
+    assert not guard.tripped(np.zeros(len(STAT_NAMES)))  # a good update resets the streak
+    assert not guard.tripped(bad) and not guard.tripped(bad)
+    assert guard.tripped(bad)
+    with pytest.raises(FloatingPointError, match="3 consecutive.*saved to ckpt.pt"):
+        raise guard.error(Path("ckpt.pt"))
+
+
+def _start(run_dir, *overrides):
+    return popen_marked(cli_command(run_dir, *overrides), run_dir.parent)
+
+
+def _wait_for_lines(proc, path, n, timeout=120):
+    wait_for_log(proc, path, lambda text: text.count("\n") >= n, timeout, "training never logged")
+
+
+def _metrics(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_then_resume_continues_counters_and_metrics(tmp_path, sig, code):
+    run_dir = tmp_path / "run"
+    shm_before = shm_entries()
+    proc, marker = _start(
+        run_dir,
+        "experiment=cartpole_impala",
+        "total_frames=120000",
+        "log_interval_s=0.3",
+        "checkpoint.every_frames=8000",
+    )
+    try:
+        _wait_for_lines(proc, run_dir / "metrics.jsonl", 3)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    assert processes_with_marker(marker) == [] and leaked_shm(shm_before) == set()
+    ckpt = torch.load(resolve_checkpoint(run_dir), weights_only=False)
+    before = _metrics(run_dir)
+    assert ckpt["frames"] >= before[-1]["frames"] > 0
+
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "impala_gpu",
+            f"resume={run_dir}",
+            "wandb.mode=disabled",
+            "progress=false",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _metrics(run_dir)
+    assert after[: len(before)] == before, "lines logged before the checkpoint changed"
+    frames = [m["frames"] for m in after]
+    updates = [m["updates"] for m in after]
+    assert frames == sorted(set(frames)), "a step was logged twice or out of order"
+    assert updates == sorted(set(updates))
+    first_new = after[len(before)]
+    assert first_new["frames"] > ckpt["frames"]
+    # No step is missing: each line's frames = updates x frames per update, across the resume.
+    per_update = 16 * 20
+    assert all(m["frames"] == m["updates"] * per_update for m in after)
+    assert first_new["elapsed_s"] >= before[-1]["elapsed_s"]
+    assert after[-1]["frames"] >= 120_000
+    cfg = (run_dir / "config.yaml").read_text()
+    assert "hidden_size: 128" in cfg  # the run's own config, not the CLI defaults

@@ -1,0 +1,337 @@
+"""Tests for impala_gpu.rl.losses: masking of pseudo-transitions, reductions, gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from impala_gpu.rl import vtrace
+from impala_gpu.rl.losses import LossOutput, discounts_from_terminated, impala_loss
+
+GAMMA = 0.9
+LOSS_FIELDS = ("total", "pg_loss", "baseline_loss", "entropy_loss")
+
+
+def make_batch(
+    seed: int, T: int = 8, B: int = 3, A: int = 4, on_policy: bool = False
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(T, B, A, generator=g)
+    behavior_logits = (
+        target_logits.clone() if on_policy else 1.5 * torch.randn(T, B, A, generator=g)
+    )
+    return {
+        "target_logits_t": target_logits,
+        "values_t": torch.randn(T, B, generator=g),
+        "bootstrap_value": torch.randn(B, generator=g),
+        "behavior_logits": behavior_logits,
+        "actions": torch.randint(0, A, (T, B), generator=g),
+        "rewards": torch.randn(T, B, generator=g),
+        "discounts": torch.full((T, B), GAMMA),
+        "valid": torch.ones(T, B, dtype=torch.bool),
+    }
+
+
+def run_loss(batch: dict[str, torch.Tensor], **kwargs: object) -> LossOutput:
+    return impala_loss(
+        batch["target_logits_t"],
+        batch["values_t"],
+        batch["bootstrap_value"],
+        batch["behavior_logits"],
+        batch["actions"],
+        batch["rewards"],
+        batch["discounts"],
+        batch["valid"],
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def clone_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in batch.items()}
+
+
+def test_truncation_bootstraps_from_final_observation() -> None:
+    # Episode truncated at step k-1: x_k is the final observation, step k is the
+    # pseudo-transition x_k -> reset obs x_{k+1} (valid[k] = False). discount[k-1] = gamma.
+    T, B, k = 8, 2, 4
+    batch = make_batch(0, T=T, B=B, on_policy=True)
+    batch["valid"][k] = False
+    # Make V(final obs) and V(reset obs) clearly different so a mix-up would show.
+    batch["values_t"][k] = torch.tensor([3.0, -2.0])
+    batch["values_t"][k + 1] = torch.tensor([-5.0, 7.0])
+    out = run_loss(batch)
+    r, v = batch["rewards"], batch["values_t"]
+
+    torch.testing.assert_close(out.vs[k - 1], r[k - 1] + GAMMA * v[k])
+    assert not torch.allclose(out.vs[k - 1], r[k - 1] + GAMMA * v[k + 1])
+    # On-policy lambda=1 targets before k are discounted returns cut at the final obs.
+    for s in range(k):
+        expected = sum(GAMMA ** (t - s) * r[t] for t in range(s, k)) + GAMMA ** (k - s) * v[k]
+        torch.testing.assert_close(out.vs[s], expected)
+    torch.testing.assert_close(out.pg_advantages[k - 1], r[k - 1] + GAMMA * v[k] - v[k - 1])
+    # The pseudo-transition itself: target == V, no advantage.
+    torch.testing.assert_close(out.vs[k], v[k])
+    torch.testing.assert_close(out.pg_advantages[k], torch.zeros(B))
+
+    # The next episode (values/rewards/logits/actions from k+1 on, reward at k, bootstrap)
+    # must not influence anything before k.
+    other = clone_batch(batch)
+    other["values_t"][k + 1 :] += 10.0
+    other["rewards"][k:] -= 3.0
+    other["bootstrap_value"] += 4.0
+    other["target_logits_t"][k + 1 :] *= -2.0
+    other["actions"][k:] = (other["actions"][k:] + 1) % 4
+    out2 = run_loss(other)
+    torch.testing.assert_close(out2.vs[:k], out.vs[:k])
+    torch.testing.assert_close(out2.pg_advantages[:k], out.pg_advantages[:k])
+    assert not torch.allclose(out2.vs[k + 1 :], out.vs[k + 1 :])
+
+
+def test_termination_target_is_reward() -> None:
+    T, B, k = 8, 2, 5
+    batch = make_batch(1, T=T, B=B, on_policy=True)
+    batch["discounts"][k - 1] = 0.0
+    batch["valid"][k] = False
+    out = run_loss(batch)
+    r, v = batch["rewards"], batch["values_t"]
+    torch.testing.assert_close(out.vs[k - 1], r[k - 1])
+    torch.testing.assert_close(out.pg_advantages[k - 1], r[k - 1] - v[k - 1])
+    torch.testing.assert_close(out.vs[k - 2], r[k - 2] + GAMMA * r[k - 1])
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("correction", [True, False])
+def test_invalid_steps_contribute_nothing(reduction: str, correction: bool) -> None:
+    T, B, A = 8, 3, 4
+    batch = make_batch(2, T=T, B=B, A=A)
+    invalid = [(3, 0), (0, 1), (T - 1, 2)]
+    for t, b in invalid:
+        batch["valid"][t, b] = False
+    kwargs = {"reduction": reduction, "correction": correction}
+    out = run_loss(batch, **kwargs)
+
+    other = clone_batch(batch)
+    for t, b in invalid:
+        other["actions"][t, b] = (other["actions"][t, b] + 1) % A
+        other["behavior_logits"][t, b] = torch.tensor([50.0, -50.0, 0.0, 3.0])
+        other["target_logits_t"][t, b] = torch.tensor([-7.0, 2.0, 9.0, 0.0])
+        other["rewards"][t, b] += 100.0
+        other["discounts"][t, b] = 0.0
+    # Invalid last step of entry 2: step T-2 bootstraps from V(x_{T-1}), not the bootstrap.
+    other["bootstrap_value"][2] += 100.0
+    out2 = run_loss(other, **kwargs)
+    for name in LOSS_FIELDS:
+        torch.testing.assert_close(getattr(out2, name), getattr(out, name), msg=name)
+    torch.testing.assert_close(out2.vs, out.vs)
+
+    # Sanity: the same perturbation at a valid step does change the loss.
+    other["rewards"][1, 0] += 1.0
+    assert not torch.allclose(run_loss(other, **kwargs).total, out.total)
+
+    # And no gradient reaches the policy at invalid steps.
+    logits = batch["target_logits_t"].clone().requires_grad_(True)
+    run_loss({**batch, "target_logits_t": logits}, **kwargs).total.backward()
+    assert logits.grad is not None
+    for t, b in invalid:
+        assert torch.all(logits.grad[t, b] == 0)
+    assert logits.grad[1, 0].abs().sum() > 0
+
+
+def test_reduction_mean_is_sum_over_num_valid() -> None:
+    batch = make_batch(3)
+    batch["valid"][2, 1] = False
+    batch["valid"][5, 0] = False
+    num_valid = int(batch["valid"].sum())
+    out_sum = run_loss(batch, reduction="sum")
+    out_mean = run_loss(batch, reduction="mean")
+    for name in LOSS_FIELDS:
+        torch.testing.assert_close(getattr(out_mean, name), getattr(out_sum, name) / num_valid)
+    assert float(out_sum.num_valid) == num_valid
+    torch.testing.assert_close(out_mean.entropy, out_sum.entropy)
+
+
+def test_all_invalid_is_zero_and_finite() -> None:
+    batch = make_batch(4)
+    batch["valid"][:] = False
+    for reduction in ("sum", "mean"):
+        out = run_loss(batch, reduction=reduction)
+        for name in LOSS_FIELDS:
+            assert float(getattr(out, name)) == 0.0, name
+        for name in ("entropy", "mean_rho", "advantage_mean", "clipped_rho_fraction"):
+            assert torch.isfinite(getattr(out, name)), name
+
+
+def test_loss_components_match_reference() -> None:
+    batch = make_batch(5)
+    baseline_cost, entropy_cost = 0.25, 0.03
+    out = run_loss(batch, baseline_cost=baseline_cost, entropy_cost=entropy_cost)
+    ref = vtrace.from_logits(
+        behavior_policy_logits=batch["behavior_logits"],
+        target_policy_logits=batch["target_logits_t"],
+        actions=batch["actions"],
+        discounts=batch["discounts"],
+        rewards=batch["rewards"],
+        values=batch["values_t"],
+        bootstrap_value=batch["bootstrap_value"],
+    )
+    torch.testing.assert_close(out.vs, ref.vs)
+    torch.testing.assert_close(out.pg_advantages, ref.pg_advantages)
+
+    logits = batch["target_logits_t"].double().numpy()
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    entropy = -(np.exp(log_p) * log_p).sum(-1)
+    lp_a = np.take_along_axis(log_p, batch["actions"].numpy()[..., None], -1)[..., 0]
+    vs, adv, v = ref.vs.double().numpy(), ref.pg_advantages.double().numpy(), batch["values_t"]
+    expected = {
+        "pg_loss": -(lp_a * adv).sum(),
+        "baseline_loss": baseline_cost * 0.5 * ((vs - v.double().numpy()) ** 2).sum(),
+        "entropy_loss": -entropy_cost * entropy.sum(),
+    }
+    expected["total"] = sum(expected.values())
+    for name, value in expected.items():
+        np.testing.assert_allclose(float(getattr(out, name)), value, rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(float(out.entropy), entropy.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(out.advantage_mean), adv.mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_rho_statistics() -> None:
+    batch = make_batch(6, T=10, B=4)
+    batch["valid"][4, 2] = False
+    batch["valid"][0, 0] = False
+    valid = batch["valid"].numpy()
+
+    def logp(logits: torch.Tensor) -> np.ndarray:
+        x = logits.double().numpy()
+        lp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return np.take_along_axis(lp, batch["actions"].numpy()[..., None], -1)[..., 0]
+
+    rhos = np.exp(logp(batch["target_logits_t"]) - logp(batch["behavior_logits"]))[valid]
+    assert (rhos > 2.0).any() and (rhos < 1.0).any()
+
+    out = run_loss(batch, clip_rho_threshold=1.0, clip_pg_rho_threshold=2.0)
+    np.testing.assert_allclose(float(out.clipped_rho_fraction), (rhos > 1.0).mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(out.clipped_pg_rho_fraction), (rhos > 2.0).mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(out.mean_rho), rhos.mean(), rtol=1e-5)
+
+    out_none = run_loss(batch, clip_rho_threshold=None, clip_pg_rho_threshold=None)
+    assert float(out_none.clipped_rho_fraction) == 0.0
+    assert float(out_none.clipped_pg_rho_fraction) == 0.0
+
+
+def test_no_correction_equals_correction_on_policy() -> None:
+    batch = make_batch(7, on_policy=True)
+    batch["valid"][3, 1] = False
+    with_corr = run_loss(batch, correction=True)
+    without = run_loss(batch, correction=False)
+    for name in (*LOSS_FIELDS, "vs", "pg_advantages"):
+        torch.testing.assert_close(getattr(without, name), getattr(with_corr, name), msg=name)
+
+
+def test_no_correction_ignores_behavior_policy() -> None:
+    off = make_batch(8)
+    off["valid"][2, 0] = False
+    on = {**off, "behavior_logits": off["target_logits_t"].clone()}
+    ablated = run_loss(off, correction=False)
+    for name in (*LOSS_FIELDS, "vs", "pg_advantages"):
+        torch.testing.assert_close(getattr(ablated, name), getattr(run_loss(on), name), msg=name)
+    # ... whereas the corrected loss does depend on it.
+    assert not torch.allclose(run_loss(off, correction=True).vs, ablated.vs)
+
+
+def test_gradients_flow_to_target_logits_and_values_only() -> None:
+    batch = make_batch(9)
+    batch["valid"][1, 1] = False
+    logits = batch["target_logits_t"].clone().requires_grad_(True)
+    values = batch["values_t"].clone().requires_grad_(True)
+    bootstrap = batch["bootstrap_value"].clone().requires_grad_(True)
+    behavior = batch["behavior_logits"].clone().requires_grad_(True)
+    out = run_loss(
+        {
+            **batch,
+            "target_logits_t": logits,
+            "values_t": values,
+            "bootstrap_value": bootstrap,
+            "behavior_logits": behavior,
+        }
+    )
+    assert out.total.requires_grad and out.total.dim() == 0
+    for name in ("pg_loss", "baseline_loss", "entropy_loss", "entropy", "vs", "pg_advantages"):
+        assert not getattr(out, name).requires_grad, name
+    out.total.backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    assert logits.grad.abs().sum() > 0
+    assert values.grad is not None and values.grad.abs().sum() > 0
+    # Baseline gradient is exactly zero at the invalid step (its target equals V there).
+    assert values.grad[1, 1] == 0
+    assert bootstrap.grad is None and behavior.grad is None
+
+
+def test_entropy_term_is_a_bonus() -> None:
+    # Zero rewards and values make every advantage 0, so only the entropy term has
+    # gradient; a descent step on the total must then increase the entropy.
+    batch = make_batch(10, on_policy=True)
+    for name in ("rewards", "values_t", "bootstrap_value"):
+        batch[name].zero_()
+    batch["target_logits_t"] = 5.0 * batch["target_logits_t"]
+    batch["behavior_logits"] = batch["target_logits_t"].clone()
+    logits = batch["target_logits_t"].clone().requires_grad_(True)
+    out = run_loss({**batch, "target_logits_t": logits}, entropy_cost=1.0)
+    assert float(out.entropy_loss) < 0
+    torch.testing.assert_close(out.total.detach(), out.entropy_loss)
+    out.total.backward()
+    stepped = (logits - 0.1 * logits.grad).detach()
+    after = run_loss({**batch, "target_logits_t": stepped}, entropy_cost=1.0)
+    assert float(after.entropy) > float(out.entropy)
+
+
+def test_low_precision_inputs() -> None:
+    batch = make_batch(11)
+    logits = batch["target_logits_t"].bfloat16().requires_grad_(True)
+    values = batch["values_t"].bfloat16().requires_grad_(True)
+    out = run_loss({**batch, "target_logits_t": logits, "values_t": values})
+    assert out.total.dtype == torch.float32 and torch.isfinite(out.total)
+    out.total.backward()
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    assert values.grad is not None
+
+
+def test_unknown_reduction_raises() -> None:
+    with pytest.raises(ValueError, match="reduction"):
+        run_loss(make_batch(12), reduction="avg")
+
+
+def test_float_valid_mask_raises() -> None:
+    batch = make_batch(13)
+    with pytest.raises(TypeError):
+        run_loss({**batch, "valid": batch["valid"].float()})
+
+
+def test_valid_shape_mismatch_raises() -> None:
+    batch = make_batch(14)
+    with pytest.raises(ValueError):
+        run_loss({**batch, "valid": batch["valid"][:-1]})
+
+
+def test_discounts_from_terminated() -> None:
+    terminated = torch.tensor([[False, True], [True, False], [False, False]])
+    out = discounts_from_terminated(terminated, 0.99)
+    assert out.dtype == torch.float32 and out.shape == (3, 2)
+    torch.testing.assert_close(out, torch.tensor([[0.99, 0.0], [0.0, 0.99], [0.99, 0.99]]))
+    with pytest.raises(ValueError):
+        discounts_from_terminated(terminated, 1.5)
+
+
+def test_normalized_advantages_have_unit_scale_on_valid_steps():
+    from impala_gpu.rl.losses import normalized
+
+    g = torch.Generator().manual_seed(0)
+    x = 3.0 + 5.0 * torch.randn(6, 4, generator=g)
+    valid = torch.ones(6, 4, dtype=torch.bool)
+    valid[2, 1] = valid[5, 3] = False
+    x[2, 1] = float("nan")  # garbage at an invalid step must not leak
+    y = normalized(x, valid)
+    assert torch.isfinite(y).all() and y[2, 1] == 0 and y[5, 3] == 0
+    assert y[valid].mean().abs() < 1e-6
+    assert y[valid].std().item() == pytest.approx(1.0, abs=1e-5)
+    torch.testing.assert_close(y[valid], (x[valid] - x[valid].mean()) / x[valid].std())
