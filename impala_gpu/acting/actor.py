@@ -84,14 +84,14 @@ def _should_stop(handles: ActorHandles, parent: int, actor_id: int) -> bool:
 
 
 def _run(
-    actor_id, cfg: Config, spec: EnvSpec, h: ActorHandles, seed: int, env, should_stop
+    actor_id, cfg: Config, spec: EnvSpec, handles: ActorHandles, seed: int, env, should_stop
 ) -> None:
     E, T = cfg.envs_per_actor, cfg.unroll_length
-    ring, counters = h.ring, h.counters
+    ring, counters = handles.ring, handles.counters
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
     model.eval()
     flat = flat_parameters(model).detach().clone()
-    local_version = h.params.read(flat, should_stop=should_stop)
+    local_version = handles.params.read(flat, should_stop=should_stop)
     if local_version is None:
         return
     load_flat_into(model, flat)
@@ -111,19 +111,20 @@ def _run(
             return  # the learner takes back what we hold
         idx = torch.tensor([slot for slot, _ in items])
 
-        g = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
+        global_unroll = n_unroll * cfg.num_actors + actor_id if bounded else n_unroll
         # Bounded lag acts with one exact version; otherwise with the newest one (re-read on
         # every retry: under history=1 a version can be overwritten before we get to copy it).
         want = (
-            h.start_version + bounded_lag_version(g, E, cfg.batch_size, cfg.bounded_lag)
+            handles.start_version
+            + bounded_lag_version(global_unroll, E, cfg.batch_size, cfg.bounded_lag)
             if bounded
             else None
         )
         # refresh_every=K > 1 keeps acting with old weights until the learner is K updates
         # ahead: policy lag injected on purpose (the V-trace ablation).
-        stale = h.params.version - local_version >= cfg.refresh_every
+        stale = handles.params.version - local_version >= cfg.refresh_every
         if (want != local_version) if bounded else stale:
-            got = h.params.read(flat, version=want, should_stop=should_stop)
+            got = handles.params.read(flat, version=want, should_stop=should_stop)
             if got is None:  # told to stop while waiting
                 return
             load_flat_into(model, flat)
@@ -132,7 +133,7 @@ def _run(
                 # The carried first step must come from the exact version too (determinism).
                 action, logits, next_core = act(core)
 
-        _stamp(ring, idx, local_version, actor_id, g, core)
+        _stamp(ring, idx, local_version, actor_id, global_unroll, core)
 
         game_overs: list[tuple[float, int]] = []
         for t in range(T + 1):
@@ -150,7 +151,7 @@ def _run(
         for item in items:
             ring.commit(actor_id, item)
         n_unroll += 1
-        _report(h, actor_id, T * E, game_overs)
+        _report(handles, actor_id, T * E, game_overs)
 
 
 def _acquire_slots(ring: TrajectoryRing, counters: Tensor, actor_id: int, n: int, should_stop):
@@ -180,13 +181,13 @@ def _stamp(
         ring.core_c[idx] = core[1]
 
 
-def _report(h: ActorHandles, actor_id: int, steps: int, game_overs: list) -> None:
-    counters = h.counters
+def _report(handles: ActorHandles, actor_id: int, steps: int, game_overs: list) -> None:
+    counters = handles.counters
     counters[actor_id, STEPS] += steps
     counters[actor_id, UNROLLS] += 1
     counters[actor_id, HEARTBEAT_NS] = time.time_ns()
     if game_overs:
         try:
-            h.episodes.put_nowait(("episodes", actor_id, game_overs))
+            handles.episodes.put_nowait(("episodes", actor_id, game_overs))
         except queue.Full:
             pass

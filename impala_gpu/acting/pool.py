@@ -70,7 +70,7 @@ class ActorPool:
         tele: Telemetry,
         on_event,  # (dict) -> None: logs an event line
     ):
-        self.ctx, self.cfg, self.spec, self.h, self.slots = ctx, cfg, spec, handles, slots
+        self.ctx, self.cfg, self.spec, self.handles, self.slots = ctx, cfg, spec, handles, slots
         self.tele, self.on_event = tele, on_event
         self.seed_salt = seed_salt
         self.procs: list[Any] = [None] * cfg.num_actors
@@ -85,10 +85,10 @@ class ActorPool:
             self._spawn(i, seed)
 
     def _spawn(self, i: int, seed: int) -> None:
-        self.h.counters[i, HEARTBEAT_NS] = time.time_ns()
+        self.handles.counters[i, HEARTBEAT_NS] = time.time_ns()
         p = self.ctx.Process(
             target=actor_main,
-            args=(i, self.cfg, self.spec, self.h, seed),
+            args=(i, self.cfg, self.spec, self.handles, seed),
             name=f"actor-{i}",
             daemon=True,
         )
@@ -99,7 +99,7 @@ class ActorPool:
         """Route actor messages: episode stats to telemetry, errors kept as causes of death."""
         while True:
             try:
-                kind, actor, payload = self.h.episodes.get_nowait()
+                kind, actor, payload = self.handles.episodes.get_nowait()
             except queue.Empty:
                 return
             if kind == "episodes":
@@ -117,11 +117,11 @@ class ActorPool:
         for i, p in enumerate(self.procs):
             if (
                 i in self.pending_ready
-                and int(self.h.counters[i, UNROLLS]) > self.pending_ready[i][1]
+                and int(self.handles.counters[i, UNROLLS]) > self.pending_ready[i][1]
             ):
                 spawned, _ = self.pending_ready.pop(i)
                 self.on_event({"event": "actor_ready", "actor": i, "since_spawn_s": now - spawned})
-            silent_s = (wall_ns - int(self.h.counters[i, HEARTBEAT_NS])) / 1e9
+            silent_s = (wall_ns - int(self.handles.counters[i, HEARTBEAT_NS])) / 1e9
             if p.exitcode is not None:
                 self.drain()
                 cause = describe_exit(p.exitcode)
@@ -152,7 +152,7 @@ class ActorPool:
             0
         ]
         self._spawn(i, seed)
-        self.pending_ready[i] = (time.monotonic(), int(self.h.counters[i, UNROLLS]))
+        self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, UNROLLS]))
         self.on_event(
             {
                 "event": "actor_replaced",

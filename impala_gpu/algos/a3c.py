@@ -224,7 +224,7 @@ def _work(
     spec: EnvSpec,
     shared_model: Policy,
     optimizer: torch.optim.Optimizer,
-    h: WorkerHandles,
+    handles: WorkerHandles,
     seed: int,
     env,
     parent: int,
@@ -236,8 +236,8 @@ def _work(
     # A3C's loss is on-policy n-step returns: V-trace with the importance weights dropped.
     algo = dataclasses.replace(cfg.algo, correction=False)
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
-    counters = h.counters
-    while not h.stop.is_set() and os.getppid() == parent:
+    counters = handles.counters
+    while not handles.stop.is_set() and os.getppid() == parent:
         frames = int(counters[:, STEPS].sum()) * spec.frames_per_step
         if frames >= cfg.total_frames:
             return
@@ -254,7 +254,7 @@ def _work(
         lag = int(counters[:, UPDATES].sum()) - seen
         counters[worker_id, STEPS] += steps_per_update
         counters[worker_id, UPDATES] += 1
-        h.reports.put((worker_id, stats, lag, episodes))
+        handles.reports.put((worker_id, stats, lag, episodes))
 
 
 _CLIPPED_RHO = STAT_NAMES.index("clipped_rho_fraction")
@@ -319,7 +319,11 @@ class Rollout:
 
 
 def monitor(
-    cfg: Config, spec: EnvSpec, h: WorkerHandles, workers: list[BaseProcess], logger: MetricsLogger
+    cfg: Config,
+    spec: EnvSpec,
+    handles: WorkerHandles,
+    workers: list[BaseProcess],
+    logger: MetricsLogger,
 ) -> dict[str, Any]:
     """Gather reports and log until ``total_frames`` (or ``max_seconds``); then signal stop,
     gather the last reports and log the final line. Returns the last logged metrics."""
@@ -344,16 +348,16 @@ def monitor(
 
     try:
         while True:
-            _drain(h.reports, on_report, timeout=0.1)
-            frames = int(h.counters[:, STEPS].sum()) * spec.frames_per_step
+            _drain(handles.reports, on_report, timeout=0.1)
+            frames = int(handles.counters[:, STEPS].sum()) * spec.frames_per_step
             now = time.perf_counter()
             done = frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
             if done:  # the final line includes the last updates' reports
-                h.stop.set()
-                _await_last_reports(workers, h, on_report, lambda: received)
+                handles.stop.set()
+                _await_last_reports(workers, handles, on_report, lambda: received)
             if done or now - last_log >= cfg.log_interval_s:
                 m, hist = tele.flush()
-                m.update(_counter_metrics(cfg, spec, h.counters, prev_steps, m["window_s"]))
+                m.update(_counter_metrics(cfg, spec, handles.counters, prev_steps, m["window_s"]))
                 m.update(elapsed_s=time.perf_counter() - start, time=time.time())
                 logger.log(m, hist)
                 logger.write_json("lag_hist.json", tele.lag_histogram())  # the whole run's lags
@@ -405,7 +409,7 @@ def _drain(reports, on_report: Callable[[Report], None] | None, timeout: float) 
 
 def _await_last_reports(
     workers: list[BaseProcess],
-    h: WorkerHandles,
+    handles: WorkerHandles,
     on_report: Callable[[Report], None],
     received: Callable[[], int],
     timeout: float = 5.0,
@@ -414,10 +418,10 @@ def _await_last_reports(
     counted has been reported. Cheaper than a join, which also waits for interpreter teardown."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        finished = all(h.counters[i, DONE] or not p.is_alive() for i, p in enumerate(workers))
-        if finished and received() >= int(h.counters[:, UPDATES].sum()):
+        finished = all(handles.counters[i, DONE] or not p.is_alive() for i, p in enumerate(workers))
+        if finished and received() >= int(handles.counters[:, UPDATES].sum()):
             return
-        _drain(h.reports, on_report, timeout=0.05)
+        _drain(handles.reports, on_report, timeout=0.05)
 
 
 def _check_workers(workers: list[BaseProcess]) -> None:
@@ -429,10 +433,10 @@ def _check_workers(workers: list[BaseProcess]) -> None:
 
 def stop_workers(
     workers: list[BaseProcess],
-    h: WorkerHandles,
+    handles: WorkerHandles,
     on_report: Callable[[Report], None] | None = None,
     timeout: float = 10.0,
 ) -> None:
     """Stop and join the workers (idempotent), handing their last reports to ``on_report``."""
-    h.stop.set()
-    stop_processes(workers, lambda: _drain(h.reports, on_report, timeout=0), timeout)
+    handles.stop.set()
+    stop_processes(workers, lambda: _drain(handles.reports, on_report, timeout=0), timeout)

@@ -108,7 +108,7 @@ class DataPath:
 
     @classmethod
     def build(
-        cls, cfg: Config, spec: EnvSpec, device: torch.device, learner: Learner, rep: Reporter
+        cls, cfg: Config, spec: EnvSpec, device: torch.device, learner: Learner, reporter: Reporter
     ) -> DataPath:
         state = learner.state
         ctx = mp.get_context(cfg.start_method)
@@ -132,7 +132,9 @@ class DataPath:
         params.publish(learner.model, version=state.version)
         handles = ActorHandles.create(ctx, ring, params, cfg.num_actors, state.version)
         # A resumed run must not replay the trajectories it already learned from (salt).
-        pool = ActorPool(ctx, cfg, spec, handles, slots, state.resumes, rep.tele, rep.on_event)
+        pool = ActorPool(
+            ctx, cfg, spec, handles, slots, state.resumes, reporter.tele, reporter.on_event
+        )
         batcher = Batcher(
             ring,
             slots,
@@ -228,30 +230,30 @@ def _say(text: str) -> None:
     print(f"impala_gpu: {text}", file=sys.stderr, flush=True)
 
 
-def save_checkpoint(cfg: Config, learner: Learner, rep: Reporter) -> Path:
-    st, tele = learner.state, rep.tele
-    state = {
+def save_checkpoint(cfg: Config, learner: Learner, reporter: Reporter) -> Path:
+    state, tele = learner.state, reporter.tele
+    checkpoint = {
         "model": learner.model.state_dict(),
         "optimizer": learner.optimizer.state_dict(),
         "scheduler": learner.scheduler.state_dict(),
-        "version": st.version,
-        "frames": st.frames,
-        "elapsed_s": time.perf_counter() - st.start,
-        "resumes": st.resumes,
+        "version": state.version,
+        "frames": state.frames,
+        "elapsed_s": time.perf_counter() - state.start,
+        "resumes": state.resumes,
         "rng": rng_state(),
         "config": to_container(cfg),
-        "metrics_lines": count_lines(rep.logger.path),
-        "wandb_id": rep.logger.wandb_id,
+        "metrics_lines": count_lines(reporter.logger.path),
+        "wandb_id": reporter.logger.wandb_id,
         "episode_returns": list(tele.episode_returns),
         "episode_lengths": list(tele.episode_lengths),
         "episodes": tele.episodes,
         "lag_counts": tele.lag_counts,
     }
     mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
-    return rep.checkpointer.save(state, st.frames, mean_return)
+    return reporter.checkpointer.save(checkpoint, state.frames, mean_return)
 
 
-def restore(resume: str, model, optimizer, scheduler, st: LearnerState, tele: Telemetry) -> dict:
+def restore(resume: str, model, optimizer, scheduler, state: LearnerState, tele: Telemetry) -> dict:
     """Load a checkpoint into the learner's objects; returns the checkpoint dict."""
     path = resolve_checkpoint(resume)
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
@@ -266,14 +268,14 @@ def restore(resume: str, model, optimizer, scheduler, st: LearnerState, tele: Te
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     set_rng_state(ckpt["rng"])
-    st.version, st.frames = ckpt["version"], ckpt["frames"]
-    st.start = time.perf_counter() - ckpt["elapsed_s"]
-    st.resumes = ckpt["resumes"] + 1
+    state.version, state.frames = ckpt["version"], ckpt["frames"]
+    state.start = time.perf_counter() - ckpt["elapsed_s"]
+    state.resumes = ckpt["resumes"] + 1
     tele.episode_returns.extend(ckpt["episode_returns"])
     tele.episode_lengths.extend(ckpt["episode_lengths"])
     tele.episodes = ckpt["episodes"]
     tele.lag_counts = np.asarray(ckpt["lag_counts"], dtype=np.int64)
-    print(f"impala_gpu: resumed from {path} at {st.frames:,} frames (update {st.version})")
+    print(f"impala_gpu: resumed from {path} at {state.frames:,} frames (update {state.version})")
     return ckpt
 
 
@@ -286,19 +288,19 @@ HINT_AFTER_S = 20.0  # the tuning hint comes from the first log window after thi
 
 
 def learn(
-    cfg: Config, learner: Learner, data: DataPath, rep: Reporter, frames_per_step: int
+    cfg: Config, learner: Learner, data: DataPath, reporter: Reporter, frames_per_step: int
 ) -> dict[str, Any]:
     """The train loop: get a batch, update, publish, log, checkpoint. Stops at ``total_frames``,
     ``max_seconds`` or ``target_return``. Returns the last logged metrics."""
-    st, tele, batcher = learner.state, rep.tele, data.batcher
+    state, tele, batcher = learner.state, reporter.tele, data.batcher
     steps_per_update = cfg.batch_size * cfg.unroll_length
     frames_per_update = steps_per_update * frames_per_step
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
-    run_start = st.run_start = time.perf_counter()
+    run_start = state.run_start = time.perf_counter()
     deadline = run_start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
     last_log, last = run_start, {}
     try:
-        while st.frames < cfg.total_frames and time.perf_counter() < deadline:
+        while state.frames < cfg.total_frames and time.perf_counter() < deadline:
             t0 = time.perf_counter()
             got = batcher.get(timeout=1.0)
             t1 = time.perf_counter()
@@ -308,30 +310,30 @@ def learn(
                 continue
             k, batch = got
             # Decided once, before the step: health is measured on the batch still in hand.
-            log_now = _log_due(cfg, st, last_log, deadline, frames_per_update)
+            log_now = _log_due(cfg, state, last_log, deadline, frames_per_update)
             stats_np = update(cfg, learner, batch, tele, measure_health=log_now)
-            lags = (st.version - batch.versions).numpy()
+            lags = (state.version - batch.versions).numpy()
             batcher.done(k)
             if learner.nonfinite.tripped(stats_np):
                 # The skipped updates never touched the weights: save them, then stop.
-                raise learner.nonfinite.error(save_checkpoint(cfg, learner, rep))
+                raise learner.nonfinite.error(save_checkpoint(cfg, learner, reporter))
             learner.scheduler.step()
-            st.version += 1
-            st.frames += frames_per_update
+            state.version += 1
+            state.frames += frames_per_update
             tele.add_update(stats_np, lags, frames_per_update, steps_per_update)
-            if st.version % cfg.publish_interval == 0:
-                data.params.publish(learner.model, st.version)
+            if state.version % cfg.publish_interval == 0:
+                data.params.publish(learner.model, state.version)
 
             now = time.perf_counter()
-            done = st.frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
+            done = state.frames >= cfg.total_frames or now >= deadline or solved(cfg, tele, bar)
             if log_now or done:
-                last = log_metrics(cfg, learner, data, rep, frames_per_step, final=done)
-                bar.update(st.frames, last)
+                last = log_metrics(cfg, learner, data, reporter, frames_per_step, final=done)
+                bar.update(state.frames, last)
                 last_log = now
             if done:
                 break
-            if rep.checkpointer.due(st.frames):
-                save_checkpoint(cfg, learner, rep)
+            if reporter.checkpointer.due(state.frames):
+                save_checkpoint(cfg, learner, reporter)
     except KeyboardInterrupt:
         bar.note("interrupted: saving a checkpoint, stopping actors, freeing shared memory")
         raise
@@ -371,11 +373,11 @@ def solved(cfg: Config, tele: Telemetry, bar: Progress) -> bool:
 
 
 def _log_due(
-    cfg: Config, st: LearnerState, last_log: float, deadline: float, frames_per_update: int
+    cfg: Config, state: LearnerState, last_log: float, deadline: float, frames_per_update: int
 ) -> bool:
     """Whether the update in progress ends with a metrics line."""
     now = time.perf_counter()
-    last_update = st.frames + frames_per_update >= cfg.total_frames or now >= deadline
+    last_update = state.frames + frames_per_update >= cfg.total_frames or now >= deadline
     return now - last_log >= cfg.log_interval_s or last_update
 
 
@@ -396,27 +398,27 @@ def log_metrics(
     cfg: Config,
     learner: Learner,
     data: DataPath,
-    rep: Reporter,
+    reporter: Reporter,
     frames_per_step: int,
     final: bool = False,
 ) -> dict[str, Any]:
     """One metrics line: the telemetry window, the actors' counters, the ring, health."""
-    st, tele = learner.state, rep.tele
+    state, tele = learner.state, reporter.tele
     data.pool.drain()
     window_s = max(time.perf_counter() - tele.window.start, 1e-9)
     m, hist = tele.flush()
     counters = data.handles.counters.numpy().copy()
     actor_steps = int(counters[:, STEPS].sum())
     idle_ns = counters[:, IDLE_NS].astype(np.float64)
-    idle_prev = st.actor_idle_ns if st.actor_idle_ns is not None else np.zeros_like(idle_ns)
+    idle_prev = state.actor_idle_ns if state.actor_idle_ns is not None else np.zeros_like(idle_ns)
     batcher = data.batcher
     m.update(
-        frames=st.frames,
-        agent_steps=st.frames // frames_per_step,
-        updates=st.version,
-        elapsed_s=time.perf_counter() - st.start,
+        frames=state.frames,
+        agent_steps=state.frames // frames_per_step,
+        updates=state.version,
+        elapsed_s=time.perf_counter() - state.start,
         actor_steps=actor_steps,
-        actor_steps_per_s=(actor_steps - st.actor_steps) / window_s,
+        actor_steps_per_s=(actor_steps - state.actor_steps) / window_s,
         actor_idle=float(np.mean(idle_ns - idle_prev) / 1e9 / window_s),
         ring_occupancy=batcher.ring.occupancy(),
         dropped_stale=batcher.dropped_stale,
@@ -426,18 +428,18 @@ def log_metrics(
         lr=learner.optimizer.param_groups[0]["lr"],
         time=time.time(),
     )
-    m.update(st.health)
-    rep.warn_health(m)
-    st.actor_steps, st.actor_idle_ns = actor_steps, idle_ns
-    st.logs += 1
+    m.update(state.health)
+    reporter.warn_health(m)
+    state.actor_steps, state.actor_idle_ns = actor_steps, idle_ns
+    state.logs += 1
     # Once: from the first window after start-up and warm-up, or the last one of a short run.
-    warm = st.logs >= 2 and time.perf_counter() - st.run_start >= HINT_AFTER_S
-    if not st.hinted and (warm or final):
-        st.hinted = True
+    warm = state.logs >= 2 and time.perf_counter() - state.run_start >= HINT_AFTER_S
+    if not state.hinted and (warm or final):
+        state.hinted = True
         cores, device = os.cpu_count() or 1, batcher.device.type
         hint = diagnose(m, cfg, cores, device, allocator(), conv=learner.model.is_image)
-        rep.logger.event(hint.as_event())
+        reporter.logger.event(hint.as_event())
         _say(hint.describe())
-    rep.logger.log(m, hist)
-    rep.logger.write_json("lag_hist.json", tele.lag_histogram())
+    reporter.logger.log(m, hist)
+    reporter.logger.write_json("lag_hist.json", tele.lag_histogram())
     return m
