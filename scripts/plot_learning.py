@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from impala_gpu.analysis import read_metrics  # noqa: E402
+from impala_gpu.analysis import metrics_path, read_metrics  # noqa: E402
 
 PANELS = (
     ("frames", "episode_return", "mean return (last 100 games)"),
@@ -41,7 +41,7 @@ def main() -> None:
     for i, spec in enumerate(args.runs):
         label, _, path = spec.rpartition("=")
         label = label or Path(path).name
-        df = read_metrics(Path(path) / "metrics.jsonl")
+        df = read_metrics(metrics_path(path))
         for ax, (x, y, _) in zip(axes.flat, PANELS, strict=True):
             if y in df and df[y].notna().any():
                 xs = df[x] / (1e6 if x == "frames" else 60.0)

@@ -12,7 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from impala_gpu.analysis import frames_to_threshold, read_metrics, seconds_to_threshold
+from impala_gpu.analysis import (
+    frames_to_threshold,
+    metrics_path,
+    read_metrics,
+    seconds_to_threshold,
+)
 
 
 def main() -> None:
@@ -30,7 +35,7 @@ def main() -> None:
         "| run | frames | " + " | ".join(cols) + " | " + " | ".join(f"to {t:g}" for t in thresholds)
     )
     for run in args.runs:
-        df = read_metrics(Path(run) / "metrics.jsonl")
+        df = read_metrics(metrics_path(run))
         tail = df.tail(args.last)
         cells = [
             f"{tail[c].median():.3g}" if c in tail and tail[c].notna().any() else "-" for c in cols

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import warnings
@@ -150,14 +151,24 @@ def _read_config(path: Path) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
+def metrics_path(run_dir: str | os.PathLike[str]) -> Path:
+    """A run dir's metrics file: ``metrics.jsonl``, or ``metrics.jsonl.gz`` when only that is
+    there (a run archived into the repo)."""
+    plain = Path(run_dir) / METRICS_FILE
+    gz = plain.with_name(METRICS_FILE + ".gz")
+    return gz if not plain.exists() and gz.exists() else plain
+
+
 def read_metrics(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """``metrics.jsonl`` as a DataFrame: nulls become NaN, unparsable lines are skipped.
+    """``metrics.jsonl`` (or a gzipped ``metrics.jsonl.gz``, as runs kept in the repo are) as a
+    DataFrame: nulls become NaN, unparsable lines are skipped.
 
     A run killed mid-write can leave a truncated last line; dropping it keeps the rest usable.
     Every name in ``METRIC_COLUMNS`` is present (NaN when the run did not log it).
     """
     rows = []
-    with open(path) as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
         for line in f:
             line = line.strip()
             if not line:

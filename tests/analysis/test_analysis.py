@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -379,3 +380,26 @@ def test_latest_sweep(sweep: Path, tmp_path: Path) -> None:
     assert A.latest_sweep(multirun) == newer
     assert A.latest_sweep(sweep) == sweep  # already a sweep
     assert A.latest_sweep(tmp_path / "empty") == tmp_path / "empty"
+
+
+def test_an_archived_run_reads_from_its_gzipped_metrics(tmp_path):
+    lines = [{"frames": 100 * i, "episode_return": -21.0 + i} for i in range(5)]
+    text = "".join(json.dumps(m) + "\n" for m in lines)
+    plain, archived = tmp_path / "plain", tmp_path / "archived"
+    plain.mkdir()
+    archived.mkdir()
+    (plain / "metrics.jsonl").write_text(text)
+    with gzip.open(archived / "metrics.jsonl.gz", "wt") as f:
+        f.write(text)
+    assert A.metrics_path(archived).name == "metrics.jsonl.gz"
+    assert A.metrics_path(plain).name == "metrics.jsonl"
+    pd.testing.assert_frame_equal(
+        A.read_metrics(A.metrics_path(archived)), A.read_metrics(A.metrics_path(plain))
+    )
+    assert A.read_metrics(A.metrics_path(archived))["episode_return"].tolist() == [
+        -21.0,
+        -20.0,
+        -19.0,
+        -18.0,
+        -17.0,
+    ]
