@@ -125,7 +125,7 @@ class Config:
     start_method: str = "spawn"  # multiprocessing start method for actors: spawn | forkserver
     resume: str | None = None  # a run dir or checkpoint .pt to continue, in its own run dir
     max_nonfinite_updates: int = 10  # consecutive NaN/inf updates (skipped) before the run stops
-    actor_timeout_s: float = 60.0  # an actor silent this long is hung: killed and replaced
+    actor_timeout_s: float = 60.0  # an actor silent this long is hung (starting up: >= 120 s)
     max_actor_restarts: int = 20  # actor replacements allowed per run before it stops (crash loop)
 
 

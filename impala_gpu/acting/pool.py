@@ -21,6 +21,8 @@ from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds
 from impala_gpu.reporting.telemetry import Telemetry
 
+STARTUP_GRACE_S = 120.0  # the least silence that counts as hung before an actor's first beat
+
 
 def stop_processes(
     procs: Sequence[BaseProcess | None], drain: Callable[[], None], timeout: float = 10.0
@@ -74,6 +76,7 @@ class ActorPool:
         self.tele, self.on_event = tele, on_event
         self.seed_salt = seed_salt
         self.procs: list[Any] = [None] * cfg.num_actors
+        self.spawned_ns = [0] * cfg.num_actors
         self.restarts = 0
         self.errors: dict[int, str] = {}
         self.pending_ready: dict[int, tuple[float, int]] = {}  # actor -> (spawn time, unrolls)
@@ -85,7 +88,8 @@ class ActorPool:
             self._spawn(i, seed)
 
     def _spawn(self, i: int, seed: int) -> None:
-        self.handles.counters[i, HEARTBEAT_NS] = time.time_ns()
+        self.handles.counters[i, HEARTBEAT_NS] = 0  # 0: not started; actor_main beats first
+        self.spawned_ns[i] = time.time_ns()
         p = self.ctx.Process(
             target=actor_main,
             args=(i, self.cfg, self.spec, self.handles, seed),
@@ -121,17 +125,27 @@ class ActorPool:
             ):
                 spawned, _ = self.pending_ready.pop(i)
                 self.on_event({"event": "actor_ready", "actor": i, "since_spawn_s": now - spawned})
-            silent_s = (wall_ns - int(self.handles.counters[i, HEARTBEAT_NS])) / 1e9
+            silent_s, timeout_s = self._silence(i, wall_ns)
             if p.exitcode is not None:
                 self.drain()
                 cause = describe_exit(p.exitcode)
                 if i in self.errors:
                     cause += ": " + self.errors.pop(i).strip().splitlines()[-1]
                 self._replace(i, cause, p.exitcode)
-            elif silent_s > self.cfg.actor_timeout_s:
+            elif silent_s > timeout_s:
                 p.kill()
                 p.join(timeout=5)
                 self._replace(i, f"no heartbeat for {silent_s:.0f} s (hung); killed", p.exitcode)
+
+    def _silence(self, i: int, wall_ns: int) -> tuple[float, float]:
+        """Seconds actor ``i`` has been silent, and the silence that means it hangs. Before its
+        first beat the process is still spawning and importing (seconds on a busy box), so it
+        gets STARTUP_GRACE_S at least: a short ``actor_timeout_s`` can't crash-loop it."""
+        beat_ns = int(self.handles.counters[i, HEARTBEAT_NS])
+        if beat_ns > 0:
+            return (wall_ns - beat_ns) / 1e9, self.cfg.actor_timeout_s
+        silent_s = (wall_ns - self.spawned_ns[i]) / 1e9
+        return silent_s, max(self.cfg.actor_timeout_s, STARTUP_GRACE_S)
 
     def _replace(self, i: int, cause: str, exitcode: int | None) -> None:
         t0 = time.monotonic()
