@@ -73,6 +73,19 @@ def processes_with_marker(marker: str) -> list[int]:
     return pids
 
 
+def kill_marked(proc: subprocess.Popen, marker: str) -> None:
+    """SIGKILL ``proc`` and every process carrying ``marker``, then reap ``proc``. Killing the
+    parent alone is not enough: an orphaned actor that is stopped (SIGSTOP) or wedged never
+    notices its parent died, and it holds the stdout/stderr pipes open, so a plain
+    ``communicate()`` would wait for EOF forever (a hung suite with idle spawned children)."""
+    for pid in [proc.pid, *processes_with_marker(marker)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate(timeout=30)
+
+
 def cli_command(run_dir: Path, *overrides: str) -> list[str]:
     """The CLI with W&B disabled unless an override sets wandb.mode (later overrides win)."""
     base = [sys.executable, "-m", "impala_gpu", f"run_dir={run_dir}", "progress=false"]

@@ -12,7 +12,14 @@ import time
 import uuid
 
 import pytest
-from leakcheck import cli_command, leaked_shm, popen_marked, processes_with_marker, shm_entries
+from leakcheck import (
+    cli_command,
+    kill_marked,
+    leaked_shm,
+    popen_marked,
+    processes_with_marker,
+    shm_entries,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +60,11 @@ def run_with_faults(tmp_path, inject, *overrides, expect_rc=0):
     cmd = cli_command(run_dir, "experiment=cartpole_impala", "log_interval_s=0.5", *overrides)
     proc, marker = popen_marked(cmd, tmp_path)
     try:
+        # A line, not just the file (the logger creates it before the actors start): the
+        # actors are running, so a fault hits a working actor, not one still starting up.
+        metrics = run_dir / "metrics.jsonl"
         wait_for(
-            lambda: (run_dir / "metrics.jsonl").exists() or proc.poll() is not None,
+            lambda: (metrics.exists() and metrics.read_text().strip()) or proc.poll() is not None,
             120,
             "the first metrics line",
         )
@@ -63,8 +73,7 @@ def run_with_faults(tmp_path, inject, *overrides, expect_rc=0):
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            kill_marked(proc, marker)
     assert proc.returncode == expect_rc, err[-3000:]
     assert processes_with_marker(marker) == [], "a child process outlived the run"
     assert leaked_shm(shm_before) == set()

@@ -16,6 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 from leakcheck import (
+    kill_marked,
     leaked_shm,
     popen_marked,
     processes_with_marker,
@@ -281,7 +282,7 @@ def test_ctrl_c_stops_workers_and_keeps_weights(tmp_path):
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill_marked(proc, marker)
     assert "KeyboardInterrupt" in err and "interrupted" in err, err[-3000:]
     assert (tmp_path / "model.pt").exists()
     assert processes_with_marker(marker) == [], "a worker outlived Ctrl-C"

@@ -10,6 +10,7 @@ import pytest
 import torch
 from leakcheck import (
     cli_command,
+    kill_marked,
     leaked_shm,
     popen_marked,
     processes_with_marker,
@@ -146,7 +147,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_weights(tmp_path):
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill_marked(proc, marker)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
     assert (run_dir / "model.pt").exists()

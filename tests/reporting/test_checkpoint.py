@@ -14,6 +14,7 @@ import pytest
 import torch
 from leakcheck import (
     cli_command,
+    kill_marked,
     leaked_shm,
     popen_marked,
     processes_with_marker,
@@ -147,7 +148,7 @@ def test_interrupt_then_resume_continues_counters_and_metrics(tmp_path, sig, cod
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill_marked(proc, marker)
     assert proc.returncode == code, err[-3000:]
     assert processes_with_marker(marker) == [] and leaked_shm(shm_before) == set()
     ckpt = torch.load(resolve_checkpoint(run_dir), weights_only=False)
