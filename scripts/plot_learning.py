@@ -25,6 +25,8 @@ PANELS = (
     ("frames", "entropy", "policy entropy (nats)"),
     ("frames", "logit_spread", "logit spread across states"),
     ("frames", "dead/fc", "dead fc units (fraction)"),
+    ("frames", "dead/conv1", "dead conv1 units (fraction)"),
+    ("frames", "grad_norm", "gradient norm (before clipping)"),
     ("frames", "frames_per_s", "frames/s"),
 )
 
@@ -37,7 +39,7 @@ def main() -> None:
     p.add_argument("--target", type=float, default=None, help="draw this return as a line")
     args = p.parse_args()
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = plt.subplots(2, 4, figsize=(19, 8))
     for i, spec in enumerate(args.runs):
         label, _, path = spec.rpartition("=")
         label = label or Path(path).name
