@@ -123,7 +123,8 @@ def find_runs(root: str | os.PathLike[str], *, include_failed: bool = False) -> 
         names = set(filenames)
         if CONFIG_FILE not in names:
             continue
-        if METRICS_FILE in names or (include_failed and ERROR_FILE in names):
+        has_metrics = METRICS_FILE in names or METRICS_FILE + ".gz" in names
+        if has_metrics or (include_failed and ERROR_FILE in names):
             found.append(Path(dirpath))
     return sorted(found)
 
@@ -220,8 +221,8 @@ def read_lag_hist(path: str | os.PathLike[str]) -> dict[str, list[float]] | None
 def load_run(path: str | os.PathLike[str]) -> Run:
     """Load one run directory (see ``Run``). A failed point may lack ``metrics.jsonl``."""
     path = Path(path)
-    metrics_path = path / METRICS_FILE
-    metrics = read_metrics(metrics_path) if metrics_path.is_file() else _empty_metrics()
+    metrics_file = metrics_path(path)
+    metrics = read_metrics(metrics_file) if metrics_file.is_file() else _empty_metrics()
     error_path = path / ERROR_FILE
     error = error_path.read_text() if error_path.is_file() else None
     return Run(

@@ -396,6 +396,9 @@ def test_an_archived_run_reads_from_its_gzipped_metrics(tmp_path):
     pd.testing.assert_frame_equal(
         A.read_metrics(A.metrics_path(archived)), A.read_metrics(A.metrics_path(plain))
     )
+    (archived / "config.yaml").write_text("algo:\n  name: impala\n")
+    assert A.find_runs(tmp_path) == [archived]  # plain has no config.yaml: not a run dir
+    assert A.load_run(archived).metrics["frames"].tolist() == [0, 100, 200, 300, 400]
     assert A.read_metrics(A.metrics_path(archived))["episode_return"].tolist() == [
         -21.0,
         -20.0,
