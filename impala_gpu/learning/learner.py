@@ -145,6 +145,9 @@ def train_step(
     return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
 
 
+_NONFINITE = STAT_NAMES.index("nonfinite")
+
+
 class NonfiniteGuard:
     """Counts consecutive NaN/inf updates (``train_step`` skips them, so the weights stay
     good); ``limit`` in a row is a run that cannot go on."""
@@ -154,7 +157,7 @@ class NonfiniteGuard:
 
     def tripped(self, stats: np.ndarray) -> bool:
         """Take one update's stats (STAT_NAMES order); True once the streak reaches the limit."""
-        self.streak = self.streak + 1 if stats[STAT_NAMES.index("nonfinite")] else 0
+        self.streak = self.streak + 1 if stats[_NONFINITE] else 0
         return self.streak >= self.limit
 
     def error(self, saved: Path | None = None) -> FloatingPointError:
