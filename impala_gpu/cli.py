@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, register_configs, save_config
 from impala_gpu.reporting.checkpoint import resolve_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
@@ -71,6 +72,7 @@ def run(dcfg: DictConfig) -> float:
         dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
+    cfg = apply_auto(cfg, run_dir)  # config.yaml records what auto chose
     save_config(cfg, run_dir)
     algos = algo_registry()
     if cfg.algo.name not in algos:

@@ -105,8 +105,8 @@ class Config:
     total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
     max_seconds: float = 0.0  # also stop after this much wall-clock time (0: no limit)
     target_return: float | None = None  # also stop once the last 100 episodes' mean reaches this
-    num_actors: int = 2  # actor processes
-    envs_per_actor: int = 16  # envs each actor steps as one batch
+    num_actors: Any = "auto"  # actor processes (int); auto: the count this machine ran fastest
+    envs_per_actor: Any = "auto"  # envs each actor steps as one batch (int); auto: 32 in all
     unroll_length: int = 20  # T: transitions per trajectory (slots hold T+1 observations)
     batch_size: int = 32  # B: trajectories per learner update
     num_slots: int = 0  # trajectory ring slots; 0 = auto (room for every env plus 2 batches)
@@ -117,7 +117,7 @@ class Config:
     refresh_every: int = 1  # actors load new weights only once the learner is K updates ahead
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
     learner_threads: int = 0  # learner torch threads; 0: auto (speed.default_learner_threads)
-    precision: str = "fp32"  # fp32 | bf16: autocast the learner's and actors' forward passes
+    precision: str = "auto"  # auto | fp32 | bf16 (autocast forward passes); auto: measured here
     compile: bool = False  # torch.compile the learner's model (slower first updates)
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from impala_gpu.calibration import check_values
 from impala_gpu.config import Config
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.learning.optim import OPTIMIZERS
@@ -52,6 +53,14 @@ def resolve_num_slots(cfg: Config) -> int:
 
 
 def validate_config(cfg: Config) -> None:
+    """Call on a resolved config (``calibration.resolve_auto`` replaces every ``auto``)."""
+    check_values(cfg)
+    for key in ("precision", "num_actors", "envs_per_actor"):
+        _require(
+            getattr(cfg, key) != "auto",
+            f"{key}=auto reached the runtime unresolved. Fix: pass the config through "
+            "impala_gpu.calibration.resolve_auto first.",
+        )
     validate_env_id(cfg.env.id)
     resolve_vector_backend(cfg.env)
     for key in ("num_actors", "envs_per_actor", "unroll_length", "batch_size", "total_frames"):
@@ -100,8 +109,8 @@ def validate_config(cfg: Config) -> None:
         )
     _require(
         cfg.precision in PRECISIONS,
-        f"precision={cfg.precision!r} is not one of {PRECISIONS}. Fix: precision=fp32 (default) "
-        "or precision=bf16 (bf16 autocast: faster on CPUs with AVX-512/AMX and on GPUs).",
+        f"precision={cfg.precision!r} is not one of {('auto', *PRECISIONS)}. Fix: precision=auto "
+        "(the default: measured on this machine), fp32, or bf16 (bf16 autocast).",
     )
     _require(
         cfg.start_method in ("spawn", "forkserver"),

@@ -102,7 +102,7 @@ def test_compile_matches_eager():
 
 
 def test_unknown_precision_is_a_config_error():
-    with pytest.raises(ConfigError, match="precision='fp16'.*precision=bf16"):
+    with pytest.raises(ConfigError, match="precision='fp16'.*Fix: precision=auto"):
         validate_config(Config(env=EnvCfg(id="CartPole-v1"), precision="fp16"))
 
 

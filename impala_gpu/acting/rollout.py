@@ -70,17 +70,24 @@ class EnvStepper:
 
 
 @torch.no_grad()
-def sample_action(
-    model: Policy, envs: EnvStepper, core: CoreState, precision: str
+def policy_step(
+    model: Policy, obs: Tensor, first: Tensor, core: CoreState, precision: str
 ) -> tuple[Tensor, Tensor, CoreState]:
-    """Act once at every env's current observation. Returns the sampled actions ``[E]``, the
-    fp32 logits they came from ``[E, A]`` and the core state after the step (fp32: the LSTM
-    core runs outside autocast)."""
+    """Act once at each of ``E`` observations ``obs [E, ...]`` (``first [E]``: each starts an
+    episode). Returns the sampled actions ``[E]``, the fp32 logits they came from ``[E, A]``
+    and the core state after the step (fp32: the LSTM core runs outside autocast)."""
     with autocast("cpu", precision):
-        out = model(envs.obs.unsqueeze(0), envs.first.unsqueeze(0), core)
+        out = model(obs.unsqueeze(0), first.unsqueeze(0), core)
     logits = out.logits[0].float()
     action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
     return action, logits, out.core_state
+
+
+def sample_action(
+    model: Policy, envs: EnvStepper, core: CoreState, precision: str
+) -> tuple[Tensor, Tensor, CoreState]:
+    """``policy_step`` at every env's current observation."""
+    return policy_step(model, envs.obs, envs.first, core, precision)
 
 
 @contextmanager

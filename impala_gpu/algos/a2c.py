@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_gpu.algos import impala
+from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, save_config
 
 
@@ -37,6 +38,6 @@ def synchronous_config(cfg: Config) -> Config:
 
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = synchronous_config(cfg)
+    cfg = synchronous_config(apply_auto(cfg, run_dir))
     save_config(cfg, run_dir)  # record what actually ran
     return impala.train(cfg, run_dir, sweep)

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 from impala_gpu.acting.actor import IDLE_NS, STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool
+from impala_gpu.calibration import apply_auto, measured_alternatives
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
 from impala_gpu.config import Config, to_container
@@ -57,6 +58,7 @@ from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with IMPALA (or resume, when ``cfg.resume`` names a checkpoint). Returns the last
     logged metrics."""
+    cfg = apply_auto(cfg, run_dir)
     validate_config(cfg)
     device = resolve_device(cfg.device)
     spec = env_spec(cfg.env)
@@ -437,7 +439,8 @@ def log_metrics(
     if not state.hinted and (warm or final):
         state.hinted = True
         cores, device = os.cpu_count() or 1, batcher.device.type
-        hint = diagnose(m, cfg, cores, device, allocator(), conv=learner.model.is_image)
+        alternatives = measured_alternatives(cfg, batcher.device)
+        hint = diagnose(m, cfg, cores, device, allocator(), alternatives)
         reporter.logger.event(hint.as_event())
         _say(hint.describe())
     reporter.logger.log(m, hist)

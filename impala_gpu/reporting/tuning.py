@@ -3,7 +3,9 @@ and which overrides would help on this machine.
 
 The learner's telemetry decides it. A learner that waits for batches is starved (actor-bound);
 one that is busy while actors sit idle, blocked on free ring slots, is the bottleneck
-(learner-bound). Every suggestion is one measured in ``benchmarks/README.md``.
+(learner-bound). A precision or actor-count change is suggested only when this machine's own
+calibration (``impala_gpu/calibration.py``) predicts it faster: what was fast on one box was
+2.8x slower on the next.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from impala_gpu.calibration import Candidate
 from impala_gpu.config import Config
 
 STARVED_WAIT = 0.10  # learner waiting more than this fraction of its time: actor-bound
@@ -39,43 +42,51 @@ class Hint:
         }
 
 
+FASTER = 1.05  # suggest an alternative only if this machine's timings predict this much more
+
+
 def diagnose(
     m: dict[str, Any],
     cfg: Config,
     cores: int,
     device_type: str,
     allocator: str = "glibc",
-    conv: bool = True,
+    alternatives: dict[Candidate, float] | None = None,
 ) -> Hint:
-    """``m``: one metrics line (learner_busy, learner_wait, actor_idle, ...). ``conv``: the
-    model is a CNN (bf16 pays there; for a small MLP it was not measured to)."""
+    """``m``: one metrics line (learner_busy, learner_wait, actor_idle, ...).
+    ``alternatives``: predicted speeds of this config and its alternatives from this machine's
+    calibration (``calibration.measured_alternatives``); None when it has none, and then no
+    precision or actor-count change is suggested."""
     busy, wait = float(m["learner_busy"]), float(m["learner_wait"])
     actor_idle = float(m.get("actor_idle", 0.0))
     cuda = device_type == "cuda"
+    measured = measured_faster(cfg, alternatives)
     if wait > STARVED_WAIT:
         reason = f"learner waits {wait:.0%} of the time for batches, actors idle {actor_idle:.0%}"
-        tips: list[str] = []
-        spare = cores - cfg.num_actors - (1 if cuda else 0)
-        if spare > 0:
-            tips.append(f"num_actors={cfg.num_actors + spare}")  # one actor per free core
-        if cfg.precision == "fp32" and conv:
-            tips.append("precision=bf16")  # actor inference at batch 16: 3.3 -> 2.0 ms on CPU
-        return Hint("actors", reason, tips)
+        return Hint("actors", reason, measured)
     if busy >= BUSY and actor_idle >= IDLE_ACTORS:
         reason = f"learner busy {busy:.0%}, actors idle {actor_idle:.0%} waiting for free slots"
-        tips = []
-        if cfg.precision == "fp32" and conv:
-            tips.append("precision=bf16")  # CPU, Pong: 6.2K -> 8.4K frames/s
+        tips = list(measured)
         if not cuda and allocator != "tcmalloc":
             tips.append("LD_PRELOAD=<libtcmalloc_minimal.so.4>")  # CPU, Pong: 5.3K -> 6.2K
         if cuda:
             tips.append(f"batch_size={2 * cfg.batch_size}")  # a GPU step costs about the same
-        elif cfg.num_actors > 1 and cores <= cfg.num_actors and conv:
-            # Fewer actor processes, same envs: less CPU taken from the learner (2 cores,
-            # Pong, fp32: 2x16 -> 1x32 envs, 6.2K -> 6.8K frames/s).
-            fewer = cfg.num_actors - 1
-            envs = -(-cfg.num_actors * cfg.envs_per_actor // fewer)
-            tips.append(f"num_actors={fewer} envs_per_actor={envs}")
         return Hint("learner", reason, tips)
     reason = f"learner busy {busy:.0%}, waits {wait:.0%}; actors idle {actor_idle:.0%}"
     return Hint("balanced", reason, [])
+
+
+def measured_faster(cfg: Config, alternatives: dict[Candidate, float] | None) -> list[str]:
+    """The overrides of the alternative this machine predicts fastest, if it beats the
+    current config by ``FASTER``; else none."""
+    current = Candidate(cfg.precision, cfg.num_actors, cfg.envs_per_actor)
+    if not alternatives or current not in alternatives:
+        return []
+    best = max(alternatives, key=alternatives.get)  # type: ignore[arg-type]
+    if alternatives[best] < FASTER * alternatives[current]:
+        return []
+    tips = [f"precision={best.precision}"] if best.precision != current.precision else []
+    if (best.num_actors, best.envs_per_actor) != (current.num_actors, current.envs_per_actor):
+        tips.append(f"num_actors={best.num_actors} envs_per_actor={best.envs_per_actor}")
+    ratio = alternatives[best] / alternatives[current]
+    return [*tips, f"(measured here: {ratio:.2f}x predicted)"]

@@ -1,0 +1,511 @@
+"""``auto`` for ``precision``, ``num_actors`` and ``envs_per_actor``: measured on this machine.
+
+The same project on two 2-core boxes a day apart ran 10-20% faster with bf16 on one and 2.8x
+slower on the other, so no fixed default fits. The first run of a workload times, on synthetic
+data, what a run spends its time on (a few seconds):
+
+- the learner's update at ``[T, B]`` in each precision, with the threads the run would give it;
+- one actor's policy step for its ``E`` envs, one thread;
+- the raw vector env, per env step.
+
+From these it predicts each candidate's agent steps per second (``predict``) and picks the
+fastest. The timings are cached per machine, library versions and workload (``cache_path``),
+so later runs start at once. An explicit value always wins; what ``auto`` chose goes into the
+run's ``config.yaml`` (so a run repeats exactly) and ``auto.json`` (why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+AUTO = "auto"
+TOTAL_ENVS = 32  # envs in all when both counts are auto (the former default, 2 actors x 16)
+CACHE_ENV = "IMPALA_GPU_CACHE_DIR"  # where calibration.json goes (default ~/.cache/impala_gpu)
+SIMILAR = 0.03  # candidates this close to the best count as ties: fp32, then fewer processes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    precision: str
+    num_actors: int
+    envs_per_actor: int
+
+    def overrides(self) -> str:
+        return (
+            f"precision={self.precision} num_actors={self.num_actors} "
+            f"envs_per_actor={self.envs_per_actor}"
+        )
+
+
+@dataclass
+class Decision:
+    """What ``auto`` chose, and the predictions it chose from (agent steps per second)."""
+
+    chosen: Candidate
+    predictions: dict[Candidate, float]
+    frames_per_step: int
+    cached: bool
+    cache_file: str
+
+    def describe(self, auto_keys: list[str]) -> str:
+        fps = {c: v * self.frames_per_step for c, v in self.predictions.items()}
+        ranked = sorted(fps, key=fps.get, reverse=True)  # type: ignore[arg-type]
+        others = ", ".join(
+            f"{c.precision} {c.num_actors}x{c.envs_per_actor} {_k(fps[c])}"
+            for c in ranked
+            if c != self.chosen
+        )[:160]
+        where = "cached" if self.cached else "measured now"
+        return (
+            f"auto ({', '.join(auto_keys)}): {self.chosen.overrides()}, predicted "
+            f"{_k(fps[self.chosen])} frames/s (others: {others or 'none'}; {where}, "
+            f"{self.cache_file})"
+        )
+
+    def as_dict(self, auto_keys: list[str]) -> dict[str, Any]:
+        return {
+            "auto_keys": auto_keys,
+            "chosen": dataclasses.asdict(self.chosen),
+            "predicted_frames_per_s": [
+                {**dataclasses.asdict(c), "frames_per_s": v * self.frames_per_step}
+                for c, v in sorted(self.predictions.items(), key=lambda kv: -kv[1])
+            ],
+            "cached": self.cached,
+            "cache_file": self.cache_file,
+        }
+
+
+def _k(frames_per_s: float) -> str:
+    return f"{frames_per_s / 1000:.1f}K"
+
+
+# ----------------------------------------------------------------------------- the prediction
+
+
+@dataclass
+class Timings:
+    """Seconds, measured here. Keys: ``"fp32/2/32"`` (precision/threads/batch) for a learner
+    update at ``[T, batch]``; ``"fp32/16"`` (precision/envs) for one actor policy step."""
+
+    learner_step_s: dict[str, float]
+    policy_step_s: dict[str, float]
+    env_step_s: float  # one env, one agent step, through the vector env
+
+
+def learner_threads(device_type: str, precision: str, cores: int, num_actors: int, fixed: int):
+    """The learner's torch threads for this candidate (``learner_threads``, 0 = auto)."""
+    from impala_gpu.speed import default_learner_threads
+
+    return fixed or default_learner_threads(device_type, precision, cores, num_actors)
+
+
+def predict(
+    c: Candidate, t: Timings, algo: str, device_type: str, cores: int, T: int, B: int, threads: int
+) -> float:
+    """Predicted agent steps per second of candidate ``c`` (needs its timings in ``t``).
+
+    IMPALA is the slowest of three limits: the learner's update rate, the actors' stepping
+    rate (one core each) and, for a CPU learner, the cores all of it shares (the learner takes
+    ``threads`` cores while it updates). A2C alternates acting and learning, and A3C's workers
+    each do both on one core.
+    """
+    act = c.envs_per_actor * t.env_step_s + t.policy_step_s[f"{c.precision}/{c.envs_per_actor}"]
+    per_step_actor = act / c.envs_per_actor  # core-seconds per agent step
+    if algo == "a3c":
+        E = c.envs_per_actor
+        update = t.learner_step_s[f"{c.precision}/1/{E}"]
+        return min(c.num_actors, cores) * T * E / (T * act + update)
+    if algo == "a2c":
+        B = c.num_actors * c.envs_per_actor
+    step = t.learner_step_s[f"{c.precision}/{threads}/{B}"]
+    if algo == "a2c":
+        crowding = max(1.0, c.num_actors / cores)
+        return T * B / (T * act * crowding + step)
+    learner_cap = T * B / step
+    actor_cap = c.num_actors / per_step_actor
+    if device_type == "cuda":  # the learner's process needs about one core to feed the GPU
+        cpu_cap = max(cores - 1, 1) / per_step_actor
+    else:
+        cpu_cap = cores / (threads * step / (T * B) + per_step_actor)
+    return min(learner_cap, actor_cap, cpu_cap)
+
+
+def rank(predictions: dict[Candidate, float]) -> Candidate:
+    """The fastest; near-ties (within ``SIMILAR``) go to fp32 (exact), then fewer processes."""
+    best = max(predictions.values())
+    close = [c for c, v in predictions.items() if v >= (1 - SIMILAR) * best]
+    return min(close, key=lambda c: (c.precision != "fp32", c.num_actors, -predictions[c]))
+
+
+# ----------------------------------------------------------------------------- what is auto
+
+
+def auto_keys(cfg) -> list[str]:
+    return [k for k in ("precision", "num_actors", "envs_per_actor") if getattr(cfg, k) == AUTO]
+
+
+def check_values(cfg) -> None:
+    """``auto`` or a valid value for each key, else a ConfigError naming the fix."""
+    from impala_gpu.speed import PRECISIONS
+    from impala_gpu.validate import ConfigError
+
+    if cfg.precision != AUTO and cfg.precision not in PRECISIONS:
+        raise ConfigError(
+            f"precision={cfg.precision!r} is not one of {(AUTO, *PRECISIONS)}. Fix: "
+            "precision=auto (measured here), fp32 or bf16."
+        )
+    for key in ("num_actors", "envs_per_actor"):
+        v = getattr(cfg, key)
+        if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(
+                f"{key}={v!r} must be a positive integer or auto. Fix: {key}=auto or {key}=2."
+            )
+
+
+def candidates(cfg, cores: int) -> list[Candidate]:
+    precisions = ("fp32", "bf16") if cfg.precision == AUTO else (cfg.precision,)
+    if cfg.algo.name == "a3c" and cfg.num_actors == AUTO:
+        counts = [cores]  # Mnih et al.: one worker per core (each learns on its own core)
+    elif cfg.num_actors == AUTO:
+        counts = sorted({n for n in (1, 2, 4, 8, 16, 32, cores) if n <= max(cores, 1)})
+    else:
+        counts = [cfg.num_actors]
+    out = []
+    for p in precisions:
+        for n in counts:
+            E = cfg.envs_per_actor if cfg.envs_per_actor != AUTO else math.ceil(TOTAL_ENVS / n)
+            out.append(Candidate(p, n, E))
+    return out
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _median_time(fn, min_reps: int, min_s: float, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_s:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _synthetic_batch(spec, T: int, B: int, model, device: torch.device):
+    from impala_gpu.learning.batcher import Batch
+
+    g = torch.Generator().manual_seed(0)
+    shape = (T + 1, B)
+    if spec.obs_dtype == np.uint8:
+        obs = torch.randint(0, 256, (*shape, *spec.obs_shape), generator=g, dtype=torch.uint8)
+    else:
+        obs = torch.randn((*shape, *spec.obs_shape), generator=g)
+    batch = Batch(
+        obs=obs,
+        reward=torch.randn(shape, generator=g),
+        terminated=torch.rand(shape, generator=g) < 0.01,
+        truncated=torch.zeros(shape, dtype=torch.bool),
+        first=torch.zeros(shape, dtype=torch.bool),
+        action=torch.randint(0, spec.num_actions, shape, generator=g),
+        logits=torch.randn((*shape, spec.num_actions), generator=g),
+        core_state=model.initial_state(B),
+    )
+    return Batch(**{f.name: _to(getattr(batch, f.name), device) for f in dataclasses.fields(Batch)})
+
+
+def _to(x, device):
+    return tuple(t.to(device) for t in x) if isinstance(x, tuple) else x.to(device)
+
+
+def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -> float:
+    """Seconds per update at ``[T, B]`` on synthetic data (fresh model and optimizer)."""
+    from impala_gpu.learning.learner import make_optimizer, train_step
+    from impala_gpu.models import build_model
+    from impala_gpu.speed import compile_model
+
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
+    optimizer = make_optimizer(model, cfg.algo)
+    compile_model(model, cfg.compile)
+    batch = _synthetic_batch(spec, cfg.unroll_length, B, model, device)
+
+    def update() -> None:
+        train_step(model, optimizer, batch, cfg.algo, precision)[0].item()  # .item(): sync
+
+    with _threads(threads):
+        return _median_time(update, min_reps=3, min_s=0.3, warmup=2 if cfg.compile else 1)
+
+
+def time_policy_step(cfg, spec, precision: str, E: int) -> float:
+    """Seconds for one actor's policy step over ``E`` envs (CPU, one thread)."""
+    from impala_gpu.acting.rollout import policy_step
+    from impala_gpu.models import build_model
+
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    model.eval()
+    batch = _synthetic_batch(spec, 0, E, model, torch.device("cpu"))
+    core = model.initial_state(E)
+    with _threads(1):
+        return _median_time(
+            lambda: policy_step(model, batch.obs[0], batch.first[0], core, precision),
+            min_reps=5,
+            min_s=0.1,
+        )
+
+
+def time_env_step(cfg, E: int = 16, seconds: float = 0.3) -> float:
+    """Seconds per env step of the raw vector env (random actions, one thread)."""
+    from impala_gpu.envs import derive_seeds, make_vector_env, reset_vector_env
+
+    env = make_vector_env(cfg.env, E, num_threads=1)
+    try:
+        reset_vector_env(env, derive_seeds(cfg.seed, E))
+        rng = np.random.default_rng(0)
+        n = int(env.single_action_space.n)
+        for _ in range(5):
+            env.step(rng.integers(0, n, E))
+        steps, start = 0, time.perf_counter()
+        while steps < 20 or time.perf_counter() - start < seconds:
+            env.step(rng.integers(0, n, E))
+            steps += 1
+        return (time.perf_counter() - start) / (steps * E)
+    finally:
+        env.close()
+
+
+class _threads:
+    def __init__(self, n: int):
+        self.n, self.saved = n, torch.get_num_threads()
+
+    def __enter__(self):
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.saved)
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def cache_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "impala_gpu"
+    )
+    return Path(root) / "calibration.json"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(device: torch.device) -> dict[str, Any]:
+    """What the timings depend on besides the workload: the hardware and library versions."""
+    import gymnasium
+
+    from impala_gpu import __version__
+
+    try:
+        import ale_py
+
+        ale = ale_py.__version__
+    except ImportError:
+        ale = None
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count() or 1,
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "ale_py": ale,
+        "gymnasium": gymnasium.__version__,
+        "impala_gpu": __version__,
+        "allocator": "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc",
+    }
+
+
+def workload_key(cfg, device: torch.device) -> dict[str, Any]:
+    e, m = cfg.env, cfg.model
+    return {
+        "env": [e.id, e.frame_skip, e.frame_stack, e.screen_size, e.vector_backend],
+        "model": [m.name, m.hidden_size, m.mlp_layers, m.use_lstm, m.lstm_size, m.channels_last],
+        "algo": [cfg.algo.name, cfg.algo.optimizer],
+        "T": cfg.unroll_length,
+        "device": device.type,
+        "compile": cfg.compile,
+    }
+
+
+def _load_cache(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # missing or unreadable (a half-written file): measure again
+
+
+def _save_cache(path: Path, cache: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    os.replace(tmp, path)  # atomic: parallel sweep jobs never read half a file
+
+
+def _entry_key(cfg, device) -> str:
+    return json.dumps({**machine_key(device), **workload_key(cfg, device)}, sort_keys=True)
+
+
+def needed(c: Candidate, cfg, device_type: str, cores: int) -> tuple[list, list]:
+    """The learner keys ``(precision, threads, batch)`` and policy keys ``(precision, envs)``
+    that ``predict`` reads for ``c``."""
+    if cfg.algo.name == "a3c":
+        learner = (c.precision, 1, c.envs_per_actor)
+    else:
+        B = c.num_actors * c.envs_per_actor if cfg.algo.name == "a2c" else cfg.batch_size
+        threads = learner_threads(
+            device_type, c.precision, cores, c.num_actors, cfg.learner_threads
+        )
+        learner = (c.precision, threads, B)
+    return [learner], [(c.precision, c.envs_per_actor)]
+
+
+def timings_for(
+    cfg, spec, device, cands: list[Candidate], measure: bool = True
+) -> tuple[Timings | None, bool]:
+    """The timings the candidates need: from the cache, measuring what is missing (unless
+    ``measure`` is False: then None when anything is missing). Returns (timings, all cached)."""
+    path, key, cores = cache_path(), _entry_key(cfg, device), os.cpu_count() or 1
+    cache = _load_cache(path)
+    entry = cache.get(key, {"learner_step_s": {}, "policy_step_s": {}, "env_step_s": None})
+    fresh = False
+    for c in cands:
+        learner_keys, policy_keys = needed(c, cfg, device.type, cores)
+        for p, threads, B in learner_keys:
+            k = f"{p}/{threads}/{B}"
+            if k not in entry["learner_step_s"]:
+                if not measure:
+                    return None, False
+                entry["learner_step_s"][k] = time_learner_step(cfg, spec, device, p, threads, B)
+                fresh = True
+        for p, E in policy_keys:
+            k = f"{p}/{E}"
+            if k not in entry["policy_step_s"]:
+                if not measure:
+                    return None, False
+                entry["policy_step_s"][k] = time_policy_step(cfg, spec, p, E)
+                fresh = True
+    if entry["env_step_s"] is None:
+        if not measure:
+            return None, False
+        entry["env_step_s"] = time_env_step(cfg)
+        fresh = True
+    if fresh:
+        cache = _load_cache(path)  # another job may have written meanwhile
+        cache[key] = entry
+        _save_cache(path, cache)
+    return Timings(entry["learner_step_s"], entry["policy_step_s"], entry["env_step_s"]), not fresh
+
+
+def predictions(cfg, device, cands: list[Candidate], t: Timings) -> dict[Candidate, float]:
+    cores = os.cpu_count() or 1
+    out = {}
+    for c in cands:
+        threads = learner_threads(
+            device.type, c.precision, cores, c.num_actors, cfg.learner_threads
+        )
+        out[c] = predict(
+            c, t, cfg.algo.name, device.type, cores, cfg.unroll_length, cfg.batch_size, threads
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def resolve_auto(cfg):
+    """``cfg`` with every ``auto`` replaced by what this machine measured to be fastest, and
+    the Decision (None when nothing was auto). Idempotent: a resolved config comes back as is.
+    """
+    check_values(cfg)
+    keys = auto_keys(cfg)
+    if not keys:
+        return cfg, None
+    from impala_gpu.envs import env_spec
+    from impala_gpu.validate import resolve_device
+
+    device = resolve_device(cfg.device)
+    if cfg.algo.name == "a3c":
+        device = torch.device("cpu")  # Hogwild on CPU by definition
+    spec = env_spec(cfg.env)
+    cands = candidates(cfg, os.cpu_count() or 1)
+    t, cached = timings_for(cfg, spec, device, cands)
+    assert t is not None
+    preds = predictions(cfg, device, cands, t)
+    chosen = rank(preds)
+    decision = Decision(chosen, preds, spec.frames_per_step, cached, str(cache_path()))
+    resolved = dataclasses.replace(
+        cfg,
+        precision=chosen.precision,
+        num_actors=chosen.num_actors,
+        envs_per_actor=chosen.envs_per_actor,
+    )
+    return resolved, decision
+
+
+def measured_alternatives(cfg, device: torch.device) -> dict[Candidate, float] | None:
+    """For the tuning hint, during a run: predictions for this config and its alternatives
+    (both precisions, the actor counts ``auto`` would try, the same envs in all) from cached
+    timings only. None when this machine has not measured them: the hint then suggests none."""
+    if cfg.algo.name == "a3c":
+        return None
+    cores = os.cpu_count() or 1
+    total = cfg.num_actors * cfg.envs_per_actor
+    counts = sorted({n for n in (1, 2, 4, 8, 16, 32, cores, cfg.num_actors) if n <= total})
+    cands = [
+        Candidate(p, n, math.ceil(total / n) if n != cfg.num_actors else cfg.envs_per_actor)
+        for p in ("fp32", "bf16")
+        for n in counts
+    ]
+    cands = [c for c in cands if timings_for(cfg, None, device, [c], measure=False)[0]]
+    current = Candidate(cfg.precision, cfg.num_actors, cfg.envs_per_actor)
+    if current not in cands:
+        return None
+    t, _ = timings_for(cfg, None, device, cands, measure=False)
+    return predictions(cfg, device, cands, t) if t else None
+
+
+def write_decision(decision: Decision | None, keys: list[str], run_dir: str | Path) -> None:
+    if decision is None:
+        return
+    path = Path(run_dir) / "auto.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(decision.as_dict(keys), indent=1))
+
+
+def apply_auto(cfg, run_dir: str | Path | None = None):
+    """``resolve_auto``, saying in one line what was chosen and why (and in ``auto.json``)."""
+    import sys
+
+    keys = auto_keys(cfg)
+    cfg, decision = resolve_auto(cfg)
+    if decision is not None:
+        print(f"impala_gpu: {decision.describe(keys)}", file=sys.stderr, flush=True)
+        if run_dir is not None:
+            write_decision(decision, keys, run_dir)
+    return cfg

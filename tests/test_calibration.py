@@ -1,0 +1,133 @@
+"""``auto`` for precision, num_actors and envs_per_actor: the prediction by hand, the choice,
+the cache, and a real calibration on CartPole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from impala_gpu import calibration as cal
+from impala_gpu.calibration import Candidate, Timings, predict, rank
+from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
+from impala_gpu.validate import ConfigError, validate_config
+
+T, B = 20, 32
+TIMINGS = Timings(
+    learner_step_s={"fp32/2/32": 0.32, "bf16/1/32": 1.0, "fp32/1/32": 0.6, "fp32/1/16": 0.3},
+    policy_step_s={"fp32/32": 0.008, "fp32/16": 0.005, "bf16/32": 0.006},
+    env_step_s=0.0002,
+)
+
+
+def test_impala_on_a_cpu_is_the_slowest_of_learner_actors_and_shared_cores():
+    c = Candidate("fp32", 1, 32)
+    # learner 640/0.32 = 2000; actor 32/(32*0.0002+0.008) = 2222; cores: 2/(2*0.32/640 + 0.00045)
+    expected = min(2000.0, 1 / 0.00045, 2 / (2 * 0.32 / 640 + 0.00045))
+    got = predict(c, TIMINGS, "impala", "cpu", cores=2, T=T, B=B, threads=2)
+    assert got == pytest.approx(expected) and got == pytest.approx(1379.3, rel=1e-3)
+
+
+def test_a_slow_bf16_learner_bounds_its_candidate():
+    got = predict(Candidate("bf16", 1, 32), TIMINGS, "impala", "cpu", 2, T, B, threads=1)
+    assert got == pytest.approx(640 / 1.0)  # the learner's own rate is the tightest limit
+
+
+def test_a_cuda_learner_leaves_the_actors_all_cores_but_one():
+    t = Timings({"fp32/2/32": 0.01}, {"fp32/16": 0.005}, 0.0002)
+    got = predict(Candidate("fp32", 4, 16), t, "impala", "cuda", cores=16, T=T, B=B, threads=2)
+    per_step = (16 * 0.0002 + 0.005) / 16
+    assert got == pytest.approx(min(640 / 0.01, 4 / per_step, 15 / per_step))
+
+
+def test_a2c_alternates_acting_and_learning_on_a_batch_of_every_env():
+    got = predict(Candidate("fp32", 2, 16), TIMINGS, "a2c", "cpu", 2, T, B=99, threads=2)
+    assert got == pytest.approx(T * 32 / (T * (16 * 0.0002 + 0.005) + 0.32))
+
+
+def test_a3c_workers_act_and_learn_on_one_core_each():
+    got = predict(Candidate("fp32", 2, 16), TIMINGS, "a3c", "cpu", 2, T, B, threads=2)
+    assert got == pytest.approx(2 * T * 16 / (T * (16 * 0.0002 + 0.005) + 0.3))
+
+
+def test_rank_prefers_the_fastest_and_breaks_near_ties_toward_fp32_then_fewer_processes():
+    fast = {Candidate("fp32", 2, 16): 1000.0, Candidate("bf16", 1, 32): 1500.0}
+    assert rank(fast) == Candidate("bf16", 1, 32)
+    near = {
+        Candidate("bf16", 1, 32): 1010.0,
+        Candidate("fp32", 2, 16): 1000.0,
+        Candidate("fp32", 1, 32): 995.0,
+    }
+    assert rank(near) == Candidate("fp32", 1, 32)
+
+
+def test_candidates_keep_explicit_values_and_32_envs_in_all():
+    cfg = Config(env=EnvCfg(id="CartPole-v1"))
+    got = cal.candidates(cfg, cores=2)
+    assert {(c.num_actors, c.envs_per_actor) for c in got} == {(1, 32), (2, 16)}
+    assert {c.precision for c in got} == {"fp32", "bf16"}
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), precision="fp32", num_actors=3)
+    assert cal.candidates(cfg, cores=8) == [Candidate("fp32", 3, 11)]
+    a3c = Config(env=EnvCfg(id="CartPole-v1"), algo=AlgoCfg(name="a3c"), envs_per_actor=4)
+    assert {c.num_actors for c in cal.candidates(a3c, cores=6)} == {6}  # a worker per core
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"num_actors": "many"}, "num_actors='many' must be a positive integer or auto"),
+        ({"envs_per_actor": 0}, "envs_per_actor=0 must be a positive integer or auto"),
+        ({"precision": "fp16"}, "precision='fp16' is not one of ('auto', 'fp32', 'bf16')"),
+    ],
+)
+def test_bad_values_fail_naming_the_key_and_the_fix(overrides, key):
+    with pytest.raises(ConfigError, match="Fix:") as e:
+        cal.resolve_auto(Config(env=EnvCfg(id="CartPole-v1"), **overrides))
+    assert key in str(e.value)
+
+
+def test_an_unresolved_auto_never_reaches_the_runtime():
+    with pytest.raises(ConfigError, match="resolve_auto"):
+        validate_config(Config(env=EnvCfg(id="CartPole-v1"), model=ModelCfg(name="mlp")))
+
+
+def test_explicit_values_are_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path))
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), precision="fp32", num_actors=2, envs_per_actor=4)
+    assert cal.resolve_auto(cfg) == (cfg, None)
+    assert not (tmp_path / "calibration.json").exists()
+
+
+def test_cartpole_calibrates_once_then_starts_from_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path / "cache"))
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), model=ModelCfg(name="mlp", hidden_size=32))
+    first = cal.apply_auto(cfg, tmp_path / "run")
+    line = capsys.readouterr().err
+    assert "auto (precision, num_actors, envs_per_actor)" in line and "measured now" in line
+    assert first.precision in ("fp32", "bf16") and first.num_actors * first.envs_per_actor == 32
+    cache = json.loads((tmp_path / "cache" / "calibration.json").read_text())
+    (entry,) = cache.values()
+    assert entry["env_step_s"] > 0 and all(v > 0 for v in entry["learner_step_s"].values())
+    assert set(entry["policy_step_s"]) == {"fp32/16", "fp32/32", "bf16/16", "bf16/32"}
+    decision = json.loads((tmp_path / "run" / "auto.json").read_text())
+    assert decision["chosen"]["precision"] == first.precision
+    assert len(decision["predicted_frames_per_s"]) == 4
+
+    again = cal.apply_auto(cfg, tmp_path / "run")
+    assert "cached" in capsys.readouterr().err
+    assert (again.precision, again.num_actors, again.envs_per_actor) == (
+        first.precision,
+        first.num_actors,
+        first.envs_per_actor,
+    )
+    assert cal.resolve_auto(again) == (again, None)  # idempotent
+    alternatives = cal.measured_alternatives(again, torch.device("cpu"))
+    assert alternatives is not None and Candidate(again.precision, again.num_actors,
+                                                  again.envs_per_actor) in alternatives  # fmt: skip
+
+    longer = Config(env=EnvCfg(id="CartPole-v1"), model=cfg.model, unroll_length=7)
+    assert cal.measured_alternatives(
+        Config(**{**vars(longer), "precision": "fp32", "num_actors": 1, "envs_per_actor": 32}),
+        torch.device("cpu"),
+    ) is None  # another workload: not measured, so the hint will guess nothing  # fmt: skip
