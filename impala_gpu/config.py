@@ -51,7 +51,9 @@ class AlgoCfg:
     clip_rho_threshold: float | None = 1.0  # rho-bar in V-trace (None: no clipping)
     clip_pg_rho_threshold: float | None = 1.0  # pg rho-bar in V-trace (None: no clipping)
     vtrace_lambda: float = 1.0  # lambda in the V-trace traces c_s = lambda * min(1, rho_s)
-    correction: bool = True  # False: drop importance weights (ablation: n-step on stale data)
+    correction: Any = (
+        "vtrace"  # vtrace | none (no importance weights) | is1 (1-step IS: rho-weighted pg)
+    )
     normalize_advantages: bool = False  # pg advantages to mean 0, std 1 per batch (PPO, SF)
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
     optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam

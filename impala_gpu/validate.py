@@ -10,6 +10,7 @@ from impala_gpu.config import Config
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
+from impala_gpu.rl.losses import correction_name
 from impala_gpu.speed import PRECISIONS
 
 
@@ -81,6 +82,10 @@ def validate_config(cfg: Config) -> None:
         ("algo.reduction", algo.reduction, ("sum", "mean")),
     ):
         _require(value in allowed, f"{key}={value!r} is not one of {allowed}.")
+    try:
+        correction_name(algo.correction)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if cfg.num_slots:
         need = min_num_slots(cfg)
         _require(

@@ -254,6 +254,7 @@ def test_validate_accepts_composed_configs(hydra_compose):
         ({"publish_interval": 0}, "publish_interval"),
         ({"start_method": "fork"}, "start_method"),
         ({"device": "tpu"}, "device"),
+        ({"algo": AlgoCfg(correction="retrace")}, "algo.correction='retrace'"),
     ],
 )
 def test_validate_rejects(overrides, key):

@@ -32,7 +32,7 @@ TINY = (
 )
 SWEEPS = {
     "baselines": ("algo=impala", "seed=0,1"),
-    "lag": ("algo=impala", "seed=0", "algo.correction=true,false", "refresh_every=1,5"),
+    "lag": ("algo=impala", "seed=0", "algo.correction=vtrace,none", "refresh_every=1,5"),
 }
 
 

@@ -3,7 +3,7 @@
 Same actors, ring, learner, envs, models and logging as IMPALA; the one difference is the
 barrier. With ``bounded_lag=0`` every actor acts with the learner's current version and each
 update waits for exactly one unroll from every actor, so every sample has policy lag 0. Without
-importance weights (``correction=False``, λ = 1) the V-trace targets reduce to n-step returns.
+importance weights (``correction=none``, λ = 1) the V-trace targets reduce to n-step returns.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def synchronous_config(cfg: Config) -> Config:
         bounded_lag=0,
         refresh_every=1,
         max_policy_lag=0,
-        algo=dataclasses.replace(cfg.algo, correction=False),
+        algo=dataclasses.replace(cfg.algo, correction="none"),
     )
 
 

@@ -236,7 +236,7 @@ def _work(
     rollout = Rollout(env, cfg, spec, seed)
     hogwild = HogwildStep(model, shared_model, optimizer)
     # A3C's loss is on-policy n-step returns: V-trace with the importance weights dropped.
-    algo = dataclasses.replace(cfg.algo, correction=False)
+    algo = dataclasses.replace(cfg.algo, correction="none")
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     counters = handles.counters
     while not handles.stop.is_set() and os.getppid() == parent:

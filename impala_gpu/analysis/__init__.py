@@ -34,6 +34,7 @@ from impala_gpu.analysis.runs import (
     runs_frame,
 )
 from impala_gpu.analysis.summaries import (
+    CORRECTION_LABELS,
     conclusion,
     curves,
     frames_to_threshold,
@@ -46,6 +47,7 @@ from impala_gpu.analysis.summaries import (
 
 __all__ = [
     "CONFIG_FILE",
+    "CORRECTION_LABELS",
     "ERROR_FILE",
     "IMPALA_ALGOS",
     "LAG_HIST_FILE",

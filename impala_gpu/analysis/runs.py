@@ -88,12 +88,16 @@ class Run:
         return int(_get(self.config, "refresh_every", 1) or 1)
 
     @property
-    def correction(self) -> bool:
-        """Whether the learner used V-trace's importance weights."""
+    def correction(self) -> str:
+        """The learner's off-policy correction: vtrace, none or is1 (``rl/losses.py``)."""
         if self.algo == "impala_nocorrection":
-            return False
-        # Older configs lack the key; only plain impala corrected by default then.
-        return bool(_get(self.config, "algo.correction", self.algo == "impala"))
+            return "none"
+        # Older configs lack the key (only plain impala corrected by default then) or hold a
+        # bool (True: V-trace).
+        value = _get(self.config, "algo.correction", self.algo == "impala")
+        if isinstance(value, bool):
+            return "vtrace" if value else "none"
+        return str(value)
 
 
 def _get(config: dict[str, Any], dotted: str, default: Any) -> Any:

@@ -229,10 +229,14 @@ def lag_histograms(
     return hist[cols]
 
 
+#: How tables, plots and conclusions name each ``algo.correction``.
+CORRECTION_LABELS = {"vtrace": "V-trace", "none": "no correction", "is1": "1-step IS"}
+
+
 def _label(row: pd.Series, keys: Sequence[str]) -> str:
     name = str(row["algo"]) if "algo" in keys else ""
     extra = [
-        ("V-trace" if row[k] else "no correction") if k == "correction" else f"{k}={row[k]}"
+        CORRECTION_LABELS.get(row[k], str(row[k])) if k == "correction" else f"{k}={row[k]}"
         for k in keys
         # impala_nocorrection already says it in its name
         if k != "algo" and not (k == "correction" and name == "impala_nocorrection")
@@ -355,14 +359,14 @@ def _lag_sentences(summary: pd.DataFrame) -> str:
         table = table[table["algo"].isin(IMPALA_ALGOS)]
         if "correction" not in table.columns:
             # Grouped by algo alone (impala vs impala_nocorrection): the name says it.
-            table = table.assign(correction=table["algo"] == "impala")
+            table = table.assign(correction=table["algo"].map({"impala": "vtrace"}).fillna("none"))
     if "correction" not in table.columns or table["correction"].nunique() < 2:
         return ""
     if "refresh_every" not in table.columns:
         table = table.assign(refresh_every=-1)  # not in the table: one unnamed setting
     clauses, gaps = [], {}
     for k, kdf in table.groupby("refresh_every", sort=True):
-        on, off = kdf[kdf["correction"].astype(bool)], kdf[~kdf["correction"].astype(bool)]
+        on, off = kdf[kdf["correction"] == "vtrace"], kdf[kdf["correction"] == "none"]
         if on.empty or off.empty:
             continue
         a, b = float(on["final_return"].mean()), float(off["final_return"].mean())

@@ -18,9 +18,35 @@ import torch.nn.functional as F
 
 from impala_gpu.rl import vtrace
 
-__all__ = ["LossOutput", "discounts_from_terminated", "impala_loss"]
+__all__ = [
+    "CORRECTIONS",
+    "LossOutput",
+    "correction_name",
+    "discounts_from_terminated",
+    "impala_loss",
+]
 
 _REDUCTIONS = ("sum", "mean")
+# Off-policy corrections (IMPALA paper, section 5.2.2, Table 2):
+# - vtrace: V-trace targets and rho-weighted policy gradient (the paper's method);
+# - none: importance weights dropped everywhere: n-step returns on possibly stale data;
+# - is1: 1-step importance sampling: value targets as in none, the policy gradient at each step
+#   weighted by that step's clipped ratio min(pg rho-bar, pi/mu), no traces.
+CORRECTIONS = ("vtrace", "none", "is1")
+
+
+def correction_name(correction: str | bool) -> str:
+    """``algo.correction`` as one of CORRECTIONS. Configs from before the choice existed hold
+    a bool: True was V-trace, False no correction."""
+    if isinstance(correction, bool):
+        return "vtrace" if correction else "none"
+    if correction not in CORRECTIONS:
+        raise ValueError(
+            f"algo.correction={correction!r} is not one of {CORRECTIONS}. Fix: "
+            "algo.correction=vtrace (V-trace), none (no importance weights) or is1 (1-step "
+            "importance sampling)."
+        )
+    return correction
 
 
 @dataclass
@@ -128,7 +154,7 @@ def impala_loss(
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
     reduction: str = "sum",
-    correction: bool = True,
+    correction: str | bool = "vtrace",
     normalize_advantages: bool = False,
 ) -> LossOutput:
     """IMPALA loss with V-trace targets.
@@ -147,8 +173,11 @@ def impala_loss(
         clip_rho_threshold, clip_pg_rho_threshold, lambda_: V-trace parameters.
         reduction: ``"sum"`` over time and batch (paper / TorchBeast default) or
             ``"mean"`` (each sum divided by the number of valid steps, at least 1).
-        correction: If False, ablate importance weighting: ``rho = 1`` at every valid
-            step, i.e. plain n-step / lambda-returns on possibly stale data.
+        correction: ``"vtrace"``; ``"none"`` ablates importance weighting (``rho = 1`` at
+            every valid step: plain n-step / lambda-returns on possibly stale data);
+            ``"is1"`` keeps those uncorrected value targets and weights each step's
+            policy-gradient advantage by ``min(clip_pg_rho_threshold, rho_t)``. A bool means
+            vtrace (True) or none (False).
         normalize_advantages: Scale the policy-gradient advantages to mean 0 and standard
             deviation 1 over the batch's valid steps (PPO, Sample Factory), so the policy's
             signal keeps its size when rewards are rare; the value targets are unchanged.
@@ -157,12 +186,14 @@ def impala_loss(
         :class:`LossOutput`.
     """
     valid = _checked_mask(target_logits_t, behavior_logits, values_t, valid, reduction)
+    correction = correction_name(correction)
 
     target_action_log_probs = vtrace.action_log_probs(target_logits_t, actions)
     with torch.no_grad():
         behavior_action_log_probs = vtrace.action_log_probs(behavior_logits.detach(), actions)
         true_log_rhos = target_action_log_probs.detach() - behavior_action_log_probs
-        log_rhos = true_log_rhos if correction else torch.zeros_like(true_log_rhos)
+        vtraced = correction == "vtrace"
+        log_rhos = true_log_rhos if vtraced else torch.zeros_like(true_log_rhos)
         # rho = c = 0 at invalid steps zeroes their delta and cuts the trace there; where()
         # keeps NaN from garbage logits at those steps out of exp().
         log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
@@ -174,10 +205,13 @@ def impala_loss(
         values=values_t,
         bootstrap_value=bootstrap_value,
         clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        # is1 applies its own clipped ratio below, once.
+        clip_pg_rho_threshold=None if correction == "is1" else clip_pg_rho_threshold,
         lambda_=lambda_,
     )
 
+    if correction == "is1":
+        pg_advantages = _clipped_rhos(true_log_rhos, valid, clip_pg_rho_threshold) * pg_advantages
     if normalize_advantages:
         pg_advantages = normalized(pg_advantages, valid)
     values_f = values_t.float()
@@ -209,6 +243,16 @@ def impala_loss(
 
 
 @torch.no_grad()
+def _clipped_rhos(
+    log_rhos: torch.Tensor, valid: torch.Tensor, threshold: float | None
+) -> torch.Tensor:
+    """``min(threshold, exp(log_rhos))`` ``[T, B]``; 0 at invalid steps (their logits may be
+    garbage)."""
+    rhos = torch.exp(torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf"))))
+    return rhos if threshold is None else rhos.clamp(max=threshold)
+
+
+@torch.no_grad()
 def _loss_output(
     total: torch.Tensor,
     terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -221,7 +265,7 @@ def _loss_output(
     thresholds: tuple[float | None, float | None],
 ) -> LossOutput:
     """The loss (``total`` keeps its graph), its terms and their diagnostics. The ratio
-    diagnostics use the true ratios even when ``correction=False``, to show staleness."""
+    diagnostics use the true ratios whatever the correction, to show staleness."""
     pg_loss, baseline_loss, entropy_loss = terms
     denom = num_valid.clamp(min=1.0)
     rhos = torch.exp(true_log_rhos)

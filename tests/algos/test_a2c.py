@@ -22,7 +22,7 @@ def test_a2c_learns_with_zero_lag(tmp_path):
     assert metrics[-1]["episode_return"] > 60, [m["episode_return"] for m in metrics]
     assert metrics[-1]["episode_return"] > metrics[0]["episode_return"]
     saved = (run_dir / "config.yaml").read_text()
-    assert "bounded_lag: 0" in saved and "correction: false" in saved
+    assert "bounded_lag: 0" in saved and "correction: none" in saved
 
 
 def test_synchronous_config_forces_the_barrier():
@@ -32,7 +32,7 @@ def test_synchronous_config_forces_the_barrier():
     with pytest.warns(UserWarning, match="batch_size"):
         sync = synchronous_config(cfg)
     assert (sync.batch_size, sync.bounded_lag, sync.refresh_every) == (12, 0, 1)
-    assert sync.algo.correction is False and cfg.algo.correction is True
+    assert sync.algo.correction == "none" and cfg.algo.correction == "vtrace"
 
 
 def test_refresh_every_injects_lag_and_nocorrection_runs(tmp_path):
@@ -49,7 +49,7 @@ def test_refresh_every_injects_lag_and_nocorrection_runs(tmp_path):
         )
         metrics = read_metrics(run_dir)
         lags[k] = max(m["policy_lag_mean"] for m in metrics)
-        assert "correction: false" in (run_dir / "config.yaml").read_text()
+        assert "correction: none" in (run_dir / "config.yaml").read_text()
         hist = (run_dir / "lag_hist.json").read_text()
         assert '"counts"' in hist
     # Actors keep weights until the learner is 8 updates ahead: lag of at least ~4 on average.

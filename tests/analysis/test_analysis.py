@@ -160,7 +160,7 @@ def test_load_run(sweep: Path) -> None:
         "CartPole-v1",
         0,
         1,
-        True,
+        "vtrace",
     )
     assert run.config["algo"]["adam_eps"] == pytest.approx(1e-8)
     assert run.lag_hist == {"bins": [0, 1, 2], "counts": [1, 2, 3]}
@@ -170,7 +170,7 @@ def test_load_run(sweep: Path) -> None:
 
     old = A.load_run(sweep / "2_algo=a3c,seed=0")
     assert len(old.metrics) == 3  # the truncated line is dropped
-    assert old.refresh_every == 1 and old.correction is False and old.lag_hist is None
+    assert old.refresh_every == 1 and old.correction == "none" and old.lag_hist is None
     assert old.metrics["learner_busy"].isna().all()  # never logged: NaN, not missing
 
     failed = A.load_run(sweep / "4_algo=impala,seed=3")
@@ -184,7 +184,7 @@ def test_load_sweep(sweep: Path) -> None:
     assert len(df) == 4 + 3 + 3  # failed points left out
     assert df.groupby("algo")["run"].nunique().to_dict() == {"a3c": 1, "impala": 2}
     assert set(df["refresh_every"]) == {1}
-    assert df.loc[df["algo"] == "a3c", "correction"].eq(False).all()
+    assert df.loc[df["algo"] == "a3c", "correction"].eq("none").all()
     assert not df["failed"].any()
 
     with_failed = A.load_sweep(sweep, include_failed=True)
@@ -312,7 +312,7 @@ def test_lag_sweep_summary_and_conclusion(lag_sweep: Path) -> None:
     assert A.summary_keys(df) == ["algo", "refresh_every", "correction"]
     t = A.summary_table(df)
     assert len(t) == 4
-    row = t[(t["refresh_every"] == 5) & ~t["correction"]].iloc[0]
+    row = t[(t["refresh_every"] == 5) & (t["correction"] == "none")].iloc[0]
     assert row["final_return"] == pytest.approx(52)
     assert row["policy_lag_mean"] == pytest.approx(6)  # steady window only: lag k + 1
     text = A.conclusion(t)
@@ -330,7 +330,7 @@ def test_lag_sweep_summary_and_conclusion(lag_sweep: Path) -> None:
 def test_lag_conclusion_from_algo_names(lag_sweep: Path) -> None:
     """algo=impala,impala_nocorrection: the table has no correction column, the names say it."""
     df = A.load_sweep(lag_sweep)
-    df.loc[~df["correction"], "algo"] = "impala_nocorrection"
+    df.loc[df["correction"] == "none", "algo"] = "impala_nocorrection"
     t = A.summary_table(df)
     assert "correction" not in t.columns
     text = A.conclusion(t)
@@ -349,7 +349,7 @@ def test_lag_histograms_and_summary(sweep: Path, lag_sweep: Path) -> None:
 
     edges = A.lag_histograms(A.load_runs(lag_sweep))  # bins given as edges [0, 2, 4]
     assert set(edges["refresh_every"]) == {5}
-    one = edges[edges["correction"]]
+    one = edges[edges["correction"] == "vtrace"]
     assert one["lag"].tolist() == [0, 2] and one["width"].tolist() == [2, 2]
     assert one["center"].tolist() == [1, 3] and one["count"].tolist() == [6, 2]
 

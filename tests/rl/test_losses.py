@@ -101,8 +101,8 @@ def test_termination_target_is_reward() -> None:
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
-@pytest.mark.parametrize("correction", [True, False])
-def test_invalid_steps_contribute_nothing(reduction: str, correction: bool) -> None:
+@pytest.mark.parametrize("correction", ["vtrace", "none", "is1"])
+def test_invalid_steps_contribute_nothing(reduction: str, correction: str) -> None:
     T, B, A = 8, 3, 4
     batch = make_batch(2, T=T, B=B, A=A)
     invalid = [(3, 0), (0, 1), (T - 1, 2)]
@@ -335,3 +335,78 @@ def test_normalized_advantages_have_unit_scale_on_valid_steps():
     assert y[valid].mean().abs() < 1e-6
     assert y[valid].std().item() == pytest.approx(1.0, abs=1e-5)
     torch.testing.assert_close(y[valid], (x[valid] - x[valid].mean()) / x[valid].std())
+
+
+def brute_force_uncorrected(batch: dict[str, torch.Tensor], pg_rho_bar: float | None, is1: bool):
+    """``none`` and ``is1`` by plain loops: n-step returns ``vs_t = r_t + g_t * vs_{t+1}``
+    (``V(x_t)`` at an invalid step, which cuts the trace; the bootstrap value after the last
+    step); the pg advantage ``r_t + g_t * vs_{t+1} - V(x_t)``, times ``min(rho-bar, rho_t)`` for
+    is1. Returns (vs, pg advantages, pg_loss, baseline_loss) summed over valid steps."""
+    T, B = batch["values_t"].shape
+    v = batch["values_t"].double().numpy()
+    r, g = batch["rewards"].double().numpy(), batch["discounts"].double().numpy()
+    valid, a = batch["valid"].numpy(), batch["actions"].numpy()
+
+    def logp(logits):
+        x = logits.double().numpy()
+        lp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return np.take_along_axis(lp, a[..., None], -1)[..., 0]
+
+    lp_pi, lp_mu = logp(batch["target_logits_t"]), logp(batch["behavior_logits"])
+    vs, adv = np.zeros((T, B)), np.zeros((T, B))
+    pg_loss = baseline_loss = 0.0
+    for b in range(B):
+        nxt = float(batch["bootstrap_value"][b])
+        for t in reversed(range(T)):
+            if not valid[t, b]:
+                vs[t, b] = v[t, b]
+            else:
+                vs[t, b] = r[t, b] + g[t, b] * nxt
+                adv[t, b] = vs[t, b] - v[t, b]
+                if is1:
+                    rho = np.exp(lp_pi[t, b] - lp_mu[t, b])
+                    adv[t, b] *= rho if pg_rho_bar is None else min(pg_rho_bar, rho)
+                pg_loss -= lp_pi[t, b] * adv[t, b]
+                baseline_loss += 0.5 * (vs[t, b] - v[t, b]) ** 2
+            nxt = vs[t, b]
+    return vs, adv, pg_loss, baseline_loss
+
+
+@pytest.mark.parametrize("correction", ["none", "is1"])
+@pytest.mark.parametrize("pg_rho_bar", [1.5, None])
+def test_none_and_is1_match_brute_force(correction: str, pg_rho_bar: float | None) -> None:
+    batch = make_batch(11, T=9, B=4)
+    batch["valid"][3, 1] = False
+    batch["valid"][8, 2] = False
+    batch["discounts"][5, 0] = 0.0  # a termination
+    out = run_loss(batch, correction=correction, clip_pg_rho_threshold=pg_rho_bar, baseline_cost=1)
+    vs, adv, pg_loss, baseline_loss = brute_force_uncorrected(
+        batch, pg_rho_bar, correction == "is1"
+    )
+    np.testing.assert_allclose(out.vs.double().numpy(), vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.pg_advantages.double().numpy(), adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(out.pg_loss), pg_loss, rtol=1e-5)
+    np.testing.assert_allclose(float(out.baseline_loss), baseline_loss, rtol=1e-5)
+
+
+def test_is1_differs_from_none_only_in_the_policy_gradient() -> None:
+    batch = make_batch(12)
+    none, is1 = run_loss(batch, correction="none"), run_loss(batch, correction="is1")
+    torch.testing.assert_close(is1.vs, none.vs)
+    torch.testing.assert_close(is1.baseline_loss, none.baseline_loss)
+    assert not torch.allclose(is1.pg_loss, none.pg_loss)
+    on = make_batch(12, on_policy=True)  # rho = 1: all three corrections agree
+    for name in (*LOSS_FIELDS, "vs", "pg_advantages"):
+        ref = getattr(run_loss(on, correction="vtrace"), name)
+        for corr in ("none", "is1"):
+            torch.testing.assert_close(getattr(run_loss(on, correction=corr), name), ref)
+
+
+def test_correction_accepts_legacy_bools_and_names_the_fix() -> None:
+    batch = make_batch(13)
+    torch.testing.assert_close(run_loss(batch, correction=True).vs, run_loss(batch).vs)
+    torch.testing.assert_close(
+        run_loss(batch, correction=False).vs, run_loss(batch, correction="none").vs
+    )
+    with pytest.raises(ValueError, match="algo.correction='retrace'.*Fix: algo.correction=vtrace"):
+        run_loss(batch, correction="retrace")
