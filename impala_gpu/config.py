@@ -116,7 +116,7 @@ class Config:
     seed: int = 0  # run seed; actors and envs derive their own seeds from it
     publish_interval: int = 1  # publish learner weights to actors every N updates
     max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
-    refresh_every: int = 1  # actors load new weights only once the learner is K updates ahead
+    refresh_every: int = 1  # refresh interval K: reload weights once K updates behind (lag cycles)
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
     learner_threads: int = 0  # learner torch threads; 0: auto (speed.default_learner_threads)
     precision: str = "auto"  # auto | fp32 | bf16 (autocast forward passes); auto: measured here

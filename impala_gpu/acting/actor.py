@@ -129,8 +129,10 @@ def _run(
                 return
             load_flat_into(model, flat)
             local_version = got
-            if bounded and n_unroll > 0:
-                # The carried first step must come from the exact version too (determinism).
+            if n_unroll > 0:
+                # Re-act on the carried observation (its action is not yet taken) with the
+                # weights just loaded, so every step comes from the version the unroll is
+                # stamped with: its lag is exact, and bounded lag stays deterministic.
                 action, logits, next_core = act(core)
 
         _stamp(ring, idx, local_version, actor_id, global_unroll, core)
