@@ -162,3 +162,26 @@ def test_wandb_offline_run_is_written(tmp_path):
     run_cli(run_dir, "experiment=cartpole_impala", "total_frames=4000", "wandb.mode=offline")
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_bounded_lag_32_gives_every_sample_lag_32_after_warm_up(tmp_path):
+    run_dir = tmp_path / "lag32"
+    run_cli(
+        run_dir,
+        "env=cartpole",
+        "model=mlp",
+        "num_actors=2",
+        "envs_per_actor=4",
+        "batch_size=8",
+        "unroll_length=10",
+        "total_frames=16000",  # 200 updates: the first 32 act with version 0 (lag < 32)
+        "bounded_lag=32",
+        "log_interval_s=0.3",
+    )
+    metrics = read_metrics(run_dir)
+    assert max(m["policy_lag_max"] for m in metrics) == 32
+    # A window covers the updates after the previous line's: once past update 32, all lag 32.
+    late = [cur for prev, cur in zip(metrics, metrics[1:]) if prev["updates"] >= 33]
+    assert late, "no window after the warm-up"
+    for m in late:
+        assert m["policy_lag_mean"] == 32 and m["policy_lag_max"] == 32, m["updates"]
