@@ -19,7 +19,7 @@ class EnvSpec:
     """What the rest of the system needs to know about an env, without holding one open."""
 
     id: str
-    kind: str  # "atari" | "classic"
+    kind: str  # "atari" | "classic" | "minatar"
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     num_actions: int
@@ -34,9 +34,11 @@ def make_env(cfg: EnvCfg, seed: int | None = None, render_mode: str | None = Non
     over or truncation; ``env.episodic_life`` is applied by :func:`make_vector_env`.
     """
     kind = validate_env_id(cfg.id)
-    if kind == "classic":
+    if kind in ("classic", "minatar"):
         kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
         env = gym.make(cfg.id, render_mode=render_mode, **kwargs)
+        if kind == "minatar":
+            env = channels_first_float(env)
     else:
         env = gym.make(
             cfg.id,
@@ -64,6 +66,16 @@ def make_env(cfg: EnvCfg, seed: int | None = None, render_mode: str | None = Non
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+def channels_first_float(env: gym.Env) -> gym.Env:
+    """MinAtar's ``[10, 10, C]`` bool grid as ``[C, 10, 10]`` float32 0/1 (the CNNs take
+    channels first; uint8 would be scaled by 1/255 as a screen is)."""
+    h, w, c = env.observation_space.shape
+    space = gym.spaces.Box(0.0, 1.0, (c, h, w), np.float32)
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: np.ascontiguousarray(obs.transpose(2, 0, 1), dtype=np.float32), space
+    )
 
 
 def resolve_vector_backend(cfg: EnvCfg) -> str:

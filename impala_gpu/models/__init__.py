@@ -19,7 +19,14 @@ from impala_gpu.models.policy import (
     init_weights,
     resolve_model_name,
 )
-from impala_gpu.models.torsos import ImpalaTorso, InputConv, MLPTorso, NatureTorso, ResidualBlock
+from impala_gpu.models.torsos import (
+    ImpalaTorso,
+    InputConv,
+    MinAtarTorso,
+    MLPTorso,
+    NatureTorso,
+    ResidualBlock,
+)
 
 __all__ = [
     "CoreState",
@@ -30,6 +37,7 @@ __all__ = [
     "NatureTorso",
     "ResidualBlock",
     "ImpalaTorso",
+    "MinAtarTorso",
     "MLPTorso",
     "Policy",
     "init_weights",

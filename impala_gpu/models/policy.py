@@ -8,12 +8,13 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.config import ModelCfg
-from impala_gpu.models.torsos import ImpalaTorso, InputConv, MLPTorso, NatureTorso
+from impala_gpu.models.torsos import ImpalaTorso, InputConv, MinAtarTorso, MLPTorso, NatureTorso
 
 CoreState = tuple[Tensor, ...]  # () without LSTM; (h, c), each [B, lstm_size], with it
 
 
-MODEL_NAMES = ("auto", "shallow", "resnet", "mlp")
+MODEL_NAMES = ("auto", "shallow", "resnet", "minatar", "mlp")
+SMALL_GRID = 36  # images smaller than this (MinAtar's 10x10) are too small for the Nature CNN
 
 
 INIT_SCHEMES = ("torch", "orthogonal")
@@ -39,6 +40,8 @@ class Policy(nn.Module):
             self.torso: nn.Module = NatureTorso(obs_shape, cfg.hidden_size)
         elif name == "resnet":
             self.torso = ImpalaTorso(obs_shape, cfg.hidden_size)
+        elif name == "minatar":
+            self.torso = MinAtarTorso(obs_shape, cfg.hidden_size)
         else:
             self.torso = MLPTorso(obs_shape, cfg.hidden_size, cfg.mlp_layers)
         core_in = cfg.hidden_size
@@ -143,8 +146,10 @@ def resolve_model_name(name: str, obs_shape: tuple[int, ...]) -> str:
         raise ValueError(f"model.name={name!r} is not one of {MODEL_NAMES} (try model=shallow).")
     is_image = len(obs_shape) == 3
     if name == "auto":
-        return "shallow" if is_image else "mlp"
-    if name in ("shallow", "resnet") and not is_image:
+        if not is_image:
+            return "mlp"
+        return "minatar" if min(obs_shape[1:]) < SMALL_GRID else "shallow"
+    if name in ("shallow", "resnet", "minatar") and not is_image:
         raise ValueError(
             f"model={name} needs image observations [C, H, W], but this env's are {obs_shape}. "
             "Fix: use model=mlp (or model=auto)."

@@ -1,4 +1,5 @@
-"""Torsos, observations to features: the Nature CNN, IMPALA's residual net and an MLP."""
+"""Torsos, observations to features: the Nature CNN, IMPALA's residual net, MinAtar's small CNN
+and an MLP."""
 
 from __future__ import annotations
 
@@ -45,6 +46,22 @@ class NatureTorso(nn.Module):
     def health_layers(self) -> list[Layer]:
         convs = [Layer(f"conv{i + 1}", self.convs[2 * i], self.convs[2 * i + 1]) for i in range(3)]
         return [*convs, Layer("fc", self.fc[0], self.fc[1])]
+
+
+class MinAtarTorso(nn.Module):
+    """Young & Tian 2019 (MinAtar): one 16x3x3/1 convolution over the 10x10 grid, then FC."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int):
+        super().__init__()
+        c, h, w = obs_shape
+        self.conv = nn.Sequential(InputConv(c, 16, 3, stride=1), nn.ReLU())
+        self.fc = nn.Sequential(nn.Linear(16 * (h - 2) * (w - 2), hidden_size), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.conv(x).flatten(1))
+
+    def health_layers(self) -> list[Layer]:
+        return [Layer("conv1", self.conv[0], self.conv[1]), Layer("fc", self.fc[0], self.fc[1])]
 
 
 class ResidualBlock(nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 from pathlib import Path
@@ -181,7 +182,7 @@ def test_bounded_lag_32_gives_every_sample_lag_32_after_warm_up(tmp_path):
     metrics = read_metrics(run_dir)
     assert max(m["policy_lag_max"] for m in metrics) == 32
     # A window covers the updates after the previous line's: once past update 32, all lag 32.
-    late = [cur for prev, cur in zip(metrics, metrics[1:]) if prev["updates"] >= 33]
+    late = [cur for prev, cur in itertools.pairwise(metrics) if prev["updates"] >= 33]
     assert late, "no window after the warm-up"
     for m in late:
         assert m["policy_lag_mean"] == 32 and m["policy_lag_max"] == 32, m["updates"]

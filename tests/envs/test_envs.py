@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import gymnasium as gym
@@ -450,3 +451,55 @@ def test_ale_game_name_is_a_rom_for_every_game():
     missing = [i for i in atari_ids() if roms.get_rom_path(ale_game_name(i)) is None]
     assert missing == []
     assert ale_game_name("ALE/TicTacToe3D-v5") == "tic_tac_toe_3d"
+
+
+# --------------------------------------------------------------------------- optional extras
+
+
+def _needs(module: str, extra: str):
+    return pytest.importorskip(
+        module, reason=f'needs the {extra} extra: pip install -e ".[{extra}]"'
+    )
+
+
+def test_lunarlander_through_the_box2d_extra():
+    _needs("Box2D", "box2d")
+    spec = env_spec(EnvCfg(id="LunarLander-v3"))
+    assert (spec.kind, spec.obs_shape, spec.num_actions) == ("classic", (8,), 4)
+    env = make_vector_env(EnvCfg(id="LunarLander-v3"), 2)
+    try:
+        obs, _ = reset_vector_env(env, [1, 2])
+        assert obs.shape == (2, 8) and obs.dtype == np.float32
+    finally:
+        env.close()
+
+
+def test_minatar_breakout_is_a_channels_first_float_grid():
+    _needs("minatar", "minatar")
+    spec = env_spec(EnvCfg(id="MinAtar/Breakout-v1"))
+    assert (spec.kind, spec.obs_shape, spec.obs_dtype, spec.num_actions) == (
+        "minatar",
+        (4, 10, 10),
+        np.float32,
+        3,
+    )
+    env = make_vector_env(EnvCfg(id="MinAtar/Breakout-v1"), 2)
+    try:
+        obs, _ = reset_vector_env(env, [1, 2])
+        assert obs.shape == (2, 4, 10, 10) and set(np.unique(obs)) <= {0.0, 1.0}
+        assert obs.sum() > 0  # the paddle and the bricks are on the grid
+        for _ in range(3):
+            obs, reward, *_ = env.step(np.array([0, 2]))
+        assert obs.shape == (2, 4, 10, 10)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "env_id, module, extra",
+    [("LunarLander-v3", "Box2D", "box2d"), ("MinAtar/Breakout-v1", "minatar", "minatar")],
+)
+def test_a_missing_extra_names_the_install_line(monkeypatch, env_id, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
+    with pytest.raises(ModuleNotFoundError, match=rf'pip install -e "\.\[{extra}\]"'):
+        validate_env_id(env_id)
