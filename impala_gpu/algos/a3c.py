@@ -252,6 +252,7 @@ def _work(
         # The data is on-policy, so the ratios are 1 (up to float noise, which would make the
         # "rho > 1" fractions meaningless): report the exact values.
         stats[_CLIPPED_RHO], stats[_CLIPPED_PG_RHO], stats[_MEAN_RHO] = 0.0, 0.0, 1.0
+        stats[_ABS_LOG_RHO], stats[_KL] = 0.0, 0.0
         # A3C's staleness: other workers' updates to the shared model since our weight copy.
         lag = int(counters[:, UPDATES].sum()) - seen
         counters[worker_id, STEPS] += steps_per_update
@@ -262,6 +263,8 @@ def _work(
 _CLIPPED_RHO = STAT_NAMES.index("clipped_rho_fraction")
 _CLIPPED_PG_RHO = STAT_NAMES.index("clipped_pg_rho_fraction")
 _MEAN_RHO = STAT_NAMES.index("mean_rho")
+_ABS_LOG_RHO = STAT_NAMES.index("mean_abs_log_rho")
+_KL = STAT_NAMES.index("kl_behavior_target")
 
 
 class Rollout:

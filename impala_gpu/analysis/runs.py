@@ -37,6 +37,8 @@ METRIC_COLUMNS = (
     "policy_lag_mean",
     "policy_lag_p95",
     "policy_lag_max",
+    "mean_abs_log_rho",
+    "kl_behavior_target",
 )
 
 #: The algos that share IMPALA's asynchronous pipeline: the V-trace ablation compares these.

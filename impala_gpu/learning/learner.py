@@ -75,6 +75,8 @@ STAT_NAMES = (
     "clipped_rho_fraction",
     "clipped_pg_rho_fraction",
     "mean_rho",
+    "mean_abs_log_rho",
+    "kl_behavior_target",
     "nonfinite",
 )
 
@@ -139,6 +141,8 @@ def train_step(
             loss.clipped_rho_fraction,
             loss.clipped_pg_rho_fraction,
             loss.mean_rho,
+            loss.mean_abs_log_rho,
+            loss.kl_behavior_target,
             (~finite).to(grad_norm.dtype),
         ]
     ).float()

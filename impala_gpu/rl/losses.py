@@ -70,6 +70,10 @@ class LossOutput:
     """Fraction of valid steps whose true rho exceeds ``clip_pg_rho_threshold``."""
     mean_rho: torch.Tensor
     """Mean true importance ratio pi/mu over valid steps (1.0 when on-policy)."""
+    mean_abs_log_rho: torch.Tensor
+    """Mean ``|log pi(a_t)/mu(a_t)|`` over valid steps: how off-policy the taken actions are."""
+    kl_behavior_target: torch.Tensor
+    """Mean ``KL(mu || pi)`` over valid steps, over all actions (nats)."""
     advantage_mean: torch.Tensor
     """Mean pg advantage over valid steps."""
     vs_mean: torch.Tensor
@@ -136,6 +140,15 @@ def policy_entropy(logits_t: torch.Tensor) -> torch.Tensor:
     # Clamping keeps p * log p finite (0, not NaN) for actions masked with -inf logits.
     log_policy_finite = log_policy.clamp(min=torch.finfo(log_policy.dtype).min)
     return -(log_policy.exp() * log_policy_finite).sum(dim=-1)
+
+
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """``KL(softmax(p) || softmax(q))`` ``[T, B, A] -> [T, B]``, in fp32."""
+    log_p = F.log_softmax(p_logits.float(), dim=-1)
+    log_q = F.log_softmax(q_logits.float(), dim=-1)
+    # 0 * log 0 is 0: clamp so masked (-inf) actions give 0, not NaN.
+    low = torch.finfo(log_p.dtype).min
+    return (log_p.exp() * (log_p.clamp(min=low) - log_q.clamp(min=low))).sum(dim=-1)
 
 
 def impala_loss(
@@ -219,6 +232,8 @@ def impala_loss(
     baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)
 
     entropy_sum = _masked_sum(policy_entropy(target_logits_t), valid)
+    with torch.no_grad():
+        kl_t = kl_divergence(behavior_logits, target_logits_t.detach())
 
     num_valid = valid.sum().float()
     denom = num_valid.clamp(min=1.0)
@@ -235,6 +250,7 @@ def impala_loss(
         num_valid,
         entropy_sum,
         true_log_rhos,
+        kl_t,
         vs,
         pg_advantages,
         valid,
@@ -259,6 +275,7 @@ def _loss_output(
     num_valid: torch.Tensor,
     entropy_sum: torch.Tensor,
     true_log_rhos: torch.Tensor,
+    kl_t: torch.Tensor,
     vs: torch.Tensor,
     pg_advantages: torch.Tensor,
     valid: torch.Tensor,
@@ -287,6 +304,8 @@ def _loss_output(
         clipped_rho_fraction=clipped_fraction(thresholds[0]),
         clipped_pg_rho_fraction=clipped_fraction(thresholds[1]),
         mean_rho=valid_mean(rhos),
+        mean_abs_log_rho=valid_mean(true_log_rhos.abs()),
+        kl_behavior_target=valid_mean(kl_t),
         advantage_mean=valid_mean(pg_advantages),
         vs_mean=valid_mean(vs),
         num_valid=num_valid,

@@ -410,3 +410,23 @@ def test_correction_accepts_legacy_bools_and_names_the_fix() -> None:
     )
     with pytest.raises(ValueError, match="algo.correction='retrace'.*Fix: algo.correction=vtrace"):
         run_loss(batch, correction="retrace")
+
+
+def test_off_policy_diagnostics_match_numpy() -> None:
+    batch = make_batch(14, T=6, B=3)
+    batch["valid"][2, 1] = False
+    out = run_loss(batch)
+    valid = batch["valid"].numpy()
+
+    def log_softmax(x):
+        x = x.double().numpy()
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    lp_mu, lp_pi = log_softmax(batch["behavior_logits"]), log_softmax(batch["target_logits_t"])
+    a = batch["actions"].numpy()[..., None]
+    log_rho = (np.take_along_axis(lp_pi, a, -1) - np.take_along_axis(lp_mu, a, -1))[..., 0]
+    kl = (np.exp(lp_mu) * (lp_mu - lp_pi)).sum(-1)
+    np.testing.assert_allclose(float(out.mean_abs_log_rho), np.abs(log_rho)[valid].mean(), 1e-5)
+    np.testing.assert_allclose(float(out.kl_behavior_target), kl[valid].mean(), rtol=1e-5)
+    on = run_loss(make_batch(14, on_policy=True))
+    assert float(on.mean_abs_log_rho) == 0.0 and abs(float(on.kl_behavior_target)) < 1e-6
