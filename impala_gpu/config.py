@@ -80,6 +80,12 @@ class WandbCfg:
 
 
 @dataclass
+class ReplayCfg:
+    proportion: float = 0.0  # fraction of each batch sampled from the replay buffer (0: off)
+    capacity: int = 1000  # trajectories the FIFO buffer holds (CPU memory, learner process)
+
+
+@dataclass
 class CheckpointCfg:
     every_frames: int = 0  # save every N frames (0: off)
     every_minutes: float = 10.0  # save every N minutes of wall-clock (0: off)
@@ -103,6 +109,7 @@ class Config:
     wandb: WandbCfg = field(default_factory=WandbCfg)
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     health: HealthCfg = field(default_factory=HealthCfg)
+    replay: ReplayCfg = field(default_factory=ReplayCfg)
 
     total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
     max_seconds: float = 0.0  # also stop after this much wall-clock time (0: no limit)
@@ -158,3 +165,9 @@ def save_config(cfg: Any, run_dir: str | Path) -> Path:
     node = cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg)
     path.write_text(OmegaConf.to_yaml(node, resolve=True))
     return path
+
+
+def fresh_batch_size(cfg: Config) -> int:
+    """Trajectories per batch that come fresh from the actors (the rest are replayed): what
+    an update consumes of the frame budget."""
+    return cfg.batch_size - round(cfg.replay.proportion * cfg.batch_size)

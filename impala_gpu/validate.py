@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from impala_gpu.calibration import check_values
-from impala_gpu.config import Config
+from impala_gpu.config import Config, fresh_batch_size
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
@@ -53,6 +53,28 @@ def resolve_num_slots(cfg: Config) -> int:
     return ahead * cfg.batch_size + 2 * cfg.num_actors * cfg.envs_per_actor
 
 
+def validate_replay(cfg: Config) -> None:
+    p, capacity = cfg.replay.proportion, cfg.replay.capacity
+    _require(
+        0.0 <= p < 1.0,
+        f"replay.proportion={p} must be in [0, 1): the fraction of each batch taken from the "
+        "replay buffer. Fix: replay.proportion=0 (off) or e.g. 0.5 (the paper's).",
+    )
+    if p > 0:
+        _require(capacity >= 1, f"replay.capacity={capacity} must be >= 1 trajectories.")
+        _require(
+            fresh_batch_size(cfg) >= 1,
+            f"replay.proportion={p} with batch_size={cfg.batch_size} leaves no fresh trajectory "
+            "in a batch. Fix: a lower proportion or a larger batch_size.",
+        )
+        _require(
+            cfg.algo.name in ("impala", "impala_nocorrection"),
+            f"replay.proportion={p} with algo={cfg.algo.name}: {cfg.algo.name} learns on fresh, "
+            "on-policy data only (no importance weights to correct replayed data). Fix: "
+            "replay.proportion=0, or algo=impala / algo=impala_nocorrection.",
+        )
+
+
 def validate_config(cfg: Config) -> None:
     """Call on a resolved config (``calibration.resolve_auto`` replaces every ``auto``)."""
     check_values(cfg)
@@ -94,13 +116,17 @@ def validate_config(cfg: Config) -> None:
             f"per env ({cfg.num_actors} actors x {cfg.envs_per_actor} envs): that needs "
             f">= {need}. Fix: num_slots=0 (auto) or num_slots>={need}, or lower batch_size.",
         )
+    validate_replay(cfg)
     if cfg.bounded_lag is not None:
         _require(cfg.bounded_lag >= 0, f"bounded_lag={cfg.bounded_lag} must be >= 0 or null (off).")
+        fresh = fresh_batch_size(cfg)
         _require(
-            cfg.batch_size % cfg.envs_per_actor == 0,
-            f"bounded_lag needs batch_size ({cfg.batch_size}) to be a multiple of envs_per_actor "
-            f"({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: batch_size="
-            f"{max(1, cfg.batch_size // cfg.envs_per_actor) * cfg.envs_per_actor}.",
+            fresh % cfg.envs_per_actor == 0,
+            f"bounded_lag needs the fresh part of each batch ({fresh} of batch_size="
+            f"{cfg.batch_size}, replay.proportion={cfg.replay.proportion}) to be a multiple of "
+            f"envs_per_actor ({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: "
+            f"batch_size={max(1, cfg.batch_size // cfg.envs_per_actor) * cfg.envs_per_actor} "
+            "(with replay: a batch_size whose fresh part is such a multiple).",
         )
         _require(
             cfg.refresh_every == 1,

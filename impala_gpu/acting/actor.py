@@ -16,7 +16,7 @@ from torch import Tensor
 from impala_gpu.acting.rollout import EnvStepper, acting_process, sample_action
 from impala_gpu.channels.params import ParamStore, flat_parameters, load_flat_into
 from impala_gpu.channels.ring import TrajectoryRing
-from impala_gpu.config import Config
+from impala_gpu.config import Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.models import build_model
 
@@ -116,7 +116,7 @@ def _run(
         # every retry: under history=1 a version can be overwritten before we get to copy it).
         want = (
             handles.start_version
-            + bounded_lag_version(global_unroll, E, cfg.batch_size, cfg.bounded_lag)
+            + bounded_lag_version(global_unroll, E, fresh_batch_size(cfg), cfg.bounded_lag)
             if bounded
             else None
         )

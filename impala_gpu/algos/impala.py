@@ -25,7 +25,7 @@ from impala_gpu.acting.pool import ActorPool
 from impala_gpu.calibration import apply_auto, measured_alternatives
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
-from impala_gpu.config import Config, to_container
+from impala_gpu.config import Config, fresh_batch_size, to_container
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning.batcher import Batch, Batcher
 from impala_gpu.learning.learner import (
@@ -144,8 +144,11 @@ class DataPath:
             device,
             learner_version=lambda: state.version,
             max_policy_lag=cfg.max_policy_lag,
-            ordered_unrolls_per_batch=cfg.batch_size // cfg.envs_per_actor if bounded else 0,
+            ordered_unrolls_per_batch=fresh_batch_size(cfg) // cfg.envs_per_actor if bounded else 0,
             envs_per_actor=cfg.envs_per_actor,
+            fresh_batch_size=fresh_batch_size(cfg),
+            replay_capacity=cfg.replay.capacity,
+            seed=cfg.seed,
         )
         return cls(ring, slots, params, handles, pool, batcher)
 
@@ -295,7 +298,7 @@ def learn(
     """The train loop: get a batch, update, publish, log, checkpoint. Stops at ``total_frames``,
     ``max_seconds`` or ``target_return``. Returns the last logged metrics."""
     state, tele, batcher = learner.state, reporter.tele, data.batcher
-    steps_per_update = cfg.batch_size * cfg.unroll_length
+    steps_per_update = fresh_batch_size(cfg) * cfg.unroll_length  # replayed steps are not new
     frames_per_update = steps_per_update * frames_per_step
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
     run_start = state.run_start = time.perf_counter()
@@ -315,6 +318,7 @@ def learn(
             log_now = _log_due(cfg, state, last_log, deadline, frames_per_update)
             stats_np = update(cfg, learner, batch, tele, measure_health=log_now)
             lags = (state.version - batch.versions).numpy()
+            replayed = batch.replayed.numpy()
             batcher.done(k)
             if learner.nonfinite.tripped(stats_np):
                 # The skipped updates never touched the weights: save them, then stop.
@@ -322,7 +326,9 @@ def learn(
             learner.scheduler.step()
             state.version += 1
             state.frames += frames_per_update
-            tele.add_update(stats_np, lags, frames_per_update, steps_per_update)
+            tele.add_update(
+                stats_np, lags[~replayed], frames_per_update, steps_per_update, lags[replayed]
+            )
             if state.version % cfg.publish_interval == 0:
                 data.params.publish(learner.model, state.version)
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from impala_gpu.channels.ring import STEP_FIELDS, SlotManager, TrajectoryRing
+from impala_gpu.learning.replay import ReplayBuffer
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Batch:
     logits: Tensor
     core_state: tuple[Tensor, ...] = ()  # (h, c) [B, H] each, or ()
     versions: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # [B], CPU
+    replayed: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # [B], CPU
 
 
 def _alloc_batch(ring: TrajectoryRing, B: int, device: torch.device, pin: bool) -> Batch:
@@ -60,6 +62,9 @@ class Batcher(threading.Thread):
         ordered_unrolls_per_batch: int = 0,  # bounded-lag: unrolls per batch, in global order
         envs_per_actor: int = 1,
         num_buffers: int = 2,
+        fresh_batch_size: int | None = None,  # with replay: ring trajectories per batch
+        replay_capacity: int = 0,
+        seed: int = 0,
     ):
         super().__init__(name="batcher", daemon=True)
         self.ring, self.slots, self.B, self.device = ring, slots, batch_size, device
@@ -68,6 +73,9 @@ class Batcher(threading.Thread):
         self.max_policy_lag = max_policy_lag
         self.ordered = ordered_unrolls_per_batch
         self.E = envs_per_actor
+        # With replay, each batch is `fresh` ring trajectories then `n_replay` replayed ones.
+        self.fresh = batch_size if fresh_batch_size is None else fresh_batch_size
+        self.n_replay = batch_size - self.fresh
         self.staging = [
             _alloc_batch(ring, batch_size, torch.device("cpu"), self.cuda)
             for _ in range(num_buffers)
@@ -76,6 +84,9 @@ class Batcher(threading.Thread):
             [_alloc_batch(ring, batch_size, device, False) for _ in range(num_buffers)]
             if self.cuda
             else self.staging
+        )
+        self.replay = (
+            ReplayBuffer(self.staging[0], replay_capacity, seed) if self.n_replay else None
         )
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.copy_done = [None] * num_buffers  # CUDA events: staging k may be reused
@@ -123,7 +134,7 @@ class Batcher(threading.Thread):
         if self.ordered:
             return self._collect_ordered()
         slots: list[int] = []
-        while len(slots) < self.B:
+        while len(slots) < self.fresh:
             slot = self._take_one()
             if slot is None:
                 for s in slots:
@@ -159,18 +170,21 @@ class Batcher(threading.Thread):
         ring, stage = self.ring, self.staging[k]
         if self.cuda and self.copy_done[k] is not None:
             self.copy_done[k].synchronize()  # the previous H2D copy out of staging k is done
-        idx = torch.tensor(slots)
+        idx, n = torch.tensor(slots), len(slots)
         for name in STEP_FIELDS:
             src, dst = ring.fields[name], getattr(stage, name)
             if name == "obs":
                 for b, slot in enumerate(slots):  # contiguous per-slot reads, no temporary
                     dst[:, b].copy_(src[slot])
             else:
-                dst.copy_(src.index_select(0, idx).transpose(0, 1))
+                dst[:, :n].copy_(src.index_select(0, idx).transpose(0, 1))
         if stage.core_state:
-            stage.core_state[0].copy_(ring.core_h.index_select(0, idx))
-            stage.core_state[1].copy_(ring.core_c.index_select(0, idx))
+            stage.core_state[0][:n].copy_(ring.core_h.index_select(0, idx))
+            stage.core_state[1][:n].copy_(ring.core_c.index_select(0, idx))
         stage.versions = ring.version.index_select(0, idx)
+        stage.replayed = torch.zeros(self.B, dtype=torch.bool)
+        if self.replay is not None:
+            self._mix_in_replay(stage, n)
         if self.cuda:
             dev = self.device_bufs[k]
             with torch.cuda.stream(self.stream):
@@ -182,11 +196,20 @@ class Batcher(threading.Thread):
                     d.copy_(s, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record(self.stream)
-            dev.versions = stage.versions
+            dev.versions, dev.replayed = stage.versions, stage.replayed
             self.copy_done[k] = ev
         # The ring slots are free as soon as their data is in staging (CPU) / the copy is issued.
         for slot in slots:
             self.slots.give(slot)
+
+    def _mix_in_replay(self, stage: Batch, n_fresh: int) -> None:
+        """The fresh trajectories join the FIFO; the rest of the batch is sampled from it."""
+        assert self.replay is not None
+        self.replay.add(stage, range(n_fresh))
+        columns = range(n_fresh, self.B)
+        versions = self.replay.write(stage, columns, self.replay.sample(len(columns)))
+        stage.versions = torch.cat([stage.versions, versions])
+        stage.replayed[n_fresh:] = True
 
     # -- consumer side --------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> tuple[int, Batch] | None:

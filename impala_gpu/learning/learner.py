@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from impala_gpu.config import AlgoCfg, Config
+from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import OPTIMIZERS, RMSpropTF
@@ -206,7 +206,7 @@ def build_learner(cfg: Config, spec: EnvSpec, device: torch.device) -> Learner:
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)
     compile_model(model, cfg.compile)
-    frames_per_update = cfg.batch_size * cfg.unroll_length * spec.frames_per_step
+    frames_per_update = fresh_batch_size(cfg) * cfg.unroll_length * spec.frames_per_step
     scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
     grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
     guard = NonfiniteGuard(cfg.max_nonfinite_updates)

@@ -27,6 +27,7 @@ class Window:
     agent_steps: int = 0
     stats_sum: np.ndarray | None = None
     lags: list[int] = field(default_factory=list)
+    replay_lags: list[int] = field(default_factory=list)
     gpu_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
 
@@ -40,8 +41,19 @@ class Telemetry:
         self.episodes = 0
         self.lag_counts = np.zeros(1, dtype=np.int64)  # whole-run histogram, bin k = lag k
 
-    def add_update(self, stats: np.ndarray, lags: np.ndarray, frames: int, steps: int) -> None:
+    def add_update(
+        self,
+        stats: np.ndarray,
+        lags: np.ndarray,
+        frames: int,
+        steps: int,
+        replay_lags: np.ndarray | None = None,
+    ) -> None:
+        """``lags``: the fresh trajectories' policy lags; ``replay_lags``: the replayed ones',
+        reported apart (``replay_lag_*``) and kept out of the policy-lag histogram."""
         w = self.window
+        if replay_lags is not None:
+            w.replay_lags.extend(replay_lags.tolist())
         w.updates += 1
         w.frames += frames
         w.agent_steps += steps
@@ -91,6 +103,10 @@ class Telemetry:
             out["policy_lag_mean"] = float(lags.mean())
             out["policy_lag_p95"] = float(np.percentile(lags, 95))
             out["policy_lag_max"] = float(lags.max())
+        if w.replay_lags:
+            replay = np.asarray(w.replay_lags)
+            out["replay_lag_mean"] = float(replay.mean())
+            out["replay_lag_max"] = float(replay.max())
         out["episode_return"] = (
             float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
         )
