@@ -33,6 +33,15 @@ from impala_gpu.analysis.runs import (
     read_metrics,
     runs_frame,
 )
+from impala_gpu.analysis.study import (
+    STUDY_KEYS,
+    area_under_curve,
+    bootstrap_ci,
+    collapsed,
+    per_run,
+    study_conclusion,
+    study_table,
+)
 from impala_gpu.analysis.summaries import (
     CORRECTION_LABELS,
     conclusion,
@@ -64,6 +73,13 @@ __all__ = [
     "read_lag_hist",
     "read_metrics",
     "runs_frame",
+    "STUDY_KEYS",
+    "area_under_curve",
+    "bootstrap_ci",
+    "collapsed",
+    "per_run",
+    "study_conclusion",
+    "study_table",
     "conclusion",
     "curves",
     "frames_to_threshold",

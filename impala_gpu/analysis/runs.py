@@ -20,7 +20,17 @@ LAG_HIST_FILE = "lag_hist.json"
 ERROR_FILE = "error.txt"
 
 #: Per-run columns ``load_sweep`` derives from each run's config (the rest come from metrics).
-RUN_COLUMNS = ("run", "algo", "env", "seed", "refresh_every", "correction", "failed")
+RUN_COLUMNS = (
+    "run",
+    "algo",
+    "env",
+    "seed",
+    "refresh_every",
+    "correction",
+    "bounded_lag",
+    "replay",
+    "failed",
+)
 
 #: Metric columns the tables and plots read. Missing ones are added as NaN (e.g. a3c logs no
 #: learner_busy), so callers never need to test for a column's presence.
@@ -37,6 +47,7 @@ METRIC_COLUMNS = (
     "policy_lag_mean",
     "policy_lag_p95",
     "policy_lag_max",
+    "replay_lag_mean",
     "mean_abs_log_rho",
     "kl_behavior_target",
 )
@@ -88,6 +99,17 @@ class Run:
     def refresh_every(self) -> int:
         # Runs from before refresh_every existed refreshed weights on every update.
         return int(_get(self.config, "refresh_every", 1) or 1)
+
+    @property
+    def bounded_lag(self) -> int:
+        """The exact policy lag the run imposed (``bounded_lag``), or -1 when it imposed none."""
+        lag = _get(self.config, "bounded_lag", None)
+        return -1 if lag is None else int(lag)
+
+    @property
+    def replay(self) -> float:
+        """``replay.proportion``: the replayed fraction of each batch (0 for older runs)."""
+        return float(_get(self.config, "replay.proportion", 0.0) or 0.0)
 
     @property
     def correction(self) -> str:
@@ -275,6 +297,8 @@ def runs_frame(runs: Iterable[Run], root: str | os.PathLike[str] | None = None) 
             "seed": run.seed,
             "refresh_every": run.refresh_every,
             "correction": run.correction,
+            "bounded_lag": run.bounded_lag,
+            "replay": run.replay,
             "failed": run.failed,
         }
         for i, (key, value) in enumerate(info.items()):
@@ -293,6 +317,7 @@ def load_sweep(root: str | os.PathLike[str], *, include_failed: bool = False) ->
 
     Columns: ``run`` (the run's directory name, prefixed by its path below ``root`` when the
     tree holds several sweeps), ``algo``, ``env``, ``seed``, ``refresh_every`` (1 for runs that
-    predate it), ``correction``, ``failed``, then the metric columns.
+    predate it), ``correction``, ``bounded_lag`` (-1: none), ``replay`` (the replayed
+    proportion), ``failed``, then the metric columns.
     """
     return runs_frame(load_runs(root, include_failed=include_failed), root)
