@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,13 @@ def workload_key(cfg, device: torch.device) -> dict[str, Any]:
     }
 
 
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not on this platform
+        return 0.0
+
+
 def _load_cache(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -394,6 +402,7 @@ def timings_for(
     cache = _load_cache(path)
     entry = cache.get(key, {"learner_step_s": {}, "policy_step_s": {}, "env_step_s": None})
     fresh = False
+    load_before = _load_average()
     for c in cands:
         learner_keys, policy_keys = needed(c, cfg, device.type, cores)
         for p, threads, B in learner_keys:
@@ -416,6 +425,15 @@ def timings_for(
         entry["env_step_s"] = time_env_step(cfg)
         fresh = True
     if fresh:
+        entry["load_average"] = load_before  # what else ran while this was measured
+        entry["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        if load_before >= 1.0:
+            warnings.warn(
+                f"auto measured this machine while its load average was {load_before:.1f} "
+                f"(other processes were running): the timings cached in {path} may be off; "
+                "delete that file to measure again on a quiet machine.",
+                stacklevel=2,
+            )
         cache = _load_cache(path)  # another job may have written meanwhile
         cache[key] = entry
         _save_cache(path, cache)
