@@ -28,7 +28,8 @@ class Hint:
     suggestions: list[str] = field(default_factory=list)  # Hydra overrides, most useful first
 
     def describe(self) -> str:
-        text = f"tuning: {self.bound}-bound ({self.reason})"
+        what = "balanced" if self.bound == "balanced" else f"{self.bound}-bound"
+        text = f"tuning: {what} ({self.reason})"
         if self.suggestions:
             text += "; try " + " ".join(self.suggestions)
         return text
