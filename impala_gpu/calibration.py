@@ -21,8 +21,8 @@ import json
 import math
 import os
 import platform
+import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -428,11 +428,11 @@ def timings_for(
         entry["load_average"] = load_before  # what else ran while this was measured
         entry["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         if load_before >= 1.0:
-            warnings.warn(
-                f"auto measured this machine while its load average was {load_before:.1f} "
-                f"(other processes were running): the timings cached in {path} may be off; "
-                "delete that file to measure again on a quiet machine.",
-                stacklevel=2,
+            print(
+                f"impala_gpu: warning: auto measured this machine while its load average was "
+                f"{load_before:.1f} (other processes were running): the timings cached in "
+                f"{path} may be off; delete that file to measure again on a quiet machine.",
+                file=sys.stderr,
             )
         cache = _load_cache(path)  # another job may have written meanwhile
         cache[key] = entry
