@@ -200,7 +200,9 @@ def test_an_exception_in_the_env_reaches_the_learner_as_the_cause():
         counters=torch.zeros(1, NUM_COUNTERS, dtype=torch.int64),
         stop=ctx.Event(),
     )
-    broken = Config(env=EnvCfg(id="CartPole-v1", vector_backend="ale"), num_actors=1)
+    broken = Config(
+        env=EnvCfg(id="CartPole-v1", vector_backend="ale"), num_actors=1, envs_per_actor=2
+    )
     previous = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(ValueError, match="vector_backend=ale needs an Atari env"):

@@ -42,6 +42,7 @@ CARTPOLE = (
     "model=mlp",
     "model.hidden_size=128",
     "device=cpu",
+    "precision=fp32",  # these tests drive the workers directly: no auto to resolve
     "num_actors=2",
     "envs_per_actor=4",
     "unroll_length=20",
