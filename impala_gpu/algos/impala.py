@@ -137,6 +137,7 @@ class DataPath:
         pool = ActorPool(
             ctx, cfg, spec, handles, slots, state.resumes, reporter.tele, reporter.on_event
         )
+        fresh = fresh_batch_size(cfg)  # the rest of each batch is replayed
         batcher = Batcher(
             ring,
             slots,
@@ -144,9 +145,9 @@ class DataPath:
             device,
             learner_version=lambda: state.version,
             max_policy_lag=cfg.max_policy_lag,
-            ordered_unrolls_per_batch=fresh_batch_size(cfg) // cfg.envs_per_actor if bounded else 0,
+            ordered_unrolls_per_batch=fresh // cfg.envs_per_actor if bounded else 0,
             envs_per_actor=cfg.envs_per_actor,
-            fresh_batch_size=fresh_batch_size(cfg),
+            fresh_batch_size=fresh,
             replay_capacity=cfg.replay.capacity,
             seed=cfg.seed,
         )
