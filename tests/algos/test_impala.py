@@ -111,14 +111,20 @@ def test_pong_smoke_writes_every_metric(tmp_path):
     assert metrics[-1]["entropy"] > 0.5  # near-uniform over 6 actions at the start
 
 
+# CartPole, 2 actors x 4 envs, B=8 (two whole unrolls per batch), T=10: 80 frames per update.
+BOUNDED_CARTPOLE = (
+    "env=cartpole",
+    "model=mlp",
+    "num_actors=2",
+    "envs_per_actor=4",
+    "batch_size=8",
+    "unroll_length=10",
+)
+
+
 def test_bounded_lag_one_is_reproducible(tmp_path):
     args = (
-        "env=cartpole",
-        "model=mlp",
-        "num_actors=2",
-        "envs_per_actor=4",
-        "batch_size=8",
-        "unroll_length=10",
+        *BOUNDED_CARTPOLE,
         "total_frames=8000",
         "bounded_lag=1",
         "seed=3",
@@ -169,12 +175,7 @@ def test_bounded_lag_32_gives_every_sample_lag_32_after_warm_up(tmp_path):
     run_dir = tmp_path / "lag32"
     run_cli(
         run_dir,
-        "env=cartpole",
-        "model=mlp",
-        "num_actors=2",
-        "envs_per_actor=4",
-        "batch_size=8",
-        "unroll_length=10",
+        *BOUNDED_CARTPOLE,
         "total_frames=16000",  # 200 updates: the first 32 act with version 0 (lag < 32)
         "bounded_lag=32",
         "log_interval_s=0.3",
