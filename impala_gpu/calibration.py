@@ -121,15 +121,15 @@ def predict(
     ``threads`` cores while it updates). A2C alternates acting and learning, and A3C's workers
     each do both on one core.
     """
-    act = c.envs_per_actor * t.env_step_s + t.policy_step_s[f"{c.precision}/{c.envs_per_actor}"]
+    act = c.envs_per_actor * t.env_step_s + t.policy_step_s[_key((c.precision, c.envs_per_actor))]
     per_step_actor = act / c.envs_per_actor  # core-seconds per agent step
     if algo == "a3c":
         E = c.envs_per_actor
-        update = t.learner_step_s[f"{c.precision}/1/{E}"]
+        update = t.learner_step_s[_key((c.precision, 1, E))]
         return min(c.num_actors, cores) * T * E / (T * act + update)
     if algo == "a2c":
         B = c.num_actors * c.envs_per_actor
-    step = t.learner_step_s[f"{c.precision}/{threads}/{B}"]
+    step = t.learner_step_s[_key((c.precision, threads, B))]
     if algo == "a2c":
         crowding = max(1.0, c.num_actors / cores)
         return T * B / (T * act * crowding + step)
@@ -379,9 +379,9 @@ def _entry_key(cfg, device) -> str:
     return json.dumps({**machine_key(device), **workload_key(cfg, device)}, sort_keys=True)
 
 
-def needed(c: Candidate, cfg, device_type: str, cores: int) -> tuple[list, list]:
-    """The learner keys ``(precision, threads, batch)`` and policy keys ``(precision, envs)``
-    that ``predict`` reads for ``c``."""
+def needed(c: Candidate, cfg, device_type: str, cores: int) -> tuple[tuple, tuple]:
+    """The learner timing ``(precision, threads, batch)`` and the policy-step timing
+    ``(precision, envs)`` that ``predict`` reads for ``c``."""
     if cfg.algo.name == "a3c":
         learner = (c.precision, 1, c.envs_per_actor)
     else:
@@ -390,38 +390,48 @@ def needed(c: Candidate, cfg, device_type: str, cores: int) -> tuple[list, list]
             device_type, c.precision, cores, c.num_actors, cfg.learner_threads
         )
         learner = (c.precision, threads, B)
-    return [learner], [(c.precision, c.envs_per_actor)]
+    return learner, (c.precision, c.envs_per_actor)
 
 
-def timings_for(
-    cfg, spec, device, cands: list[Candidate], measure: bool = True
-) -> tuple[Timings | None, bool]:
-    """The timings the candidates need: from the cache, measuring what is missing (unless
-    ``measure`` is False: then None when anything is missing). Returns (timings, all cached)."""
+def _key(parts: tuple) -> str:
+    return "/".join(map(str, parts))  # ("fp32", 2, 32) -> "fp32/2/32", as Timings keys them
+
+
+def _cached_entry(cfg, device) -> dict[str, Any]:
+    """This machine's cached timings for ``cfg``'s workload (empty when none)."""
+    entry = _load_cache(cache_path()).get(_entry_key(cfg, device))
+    return entry or {"learner_step_s": {}, "policy_step_s": {}, "env_step_s": None}
+
+
+def _covers(entry: dict[str, Any], c: Candidate, cfg, device_type: str) -> bool:
+    learner, policy = needed(c, cfg, device_type, os.cpu_count() or 1)
+    return (
+        _key(learner) in entry["learner_step_s"]
+        and _key(policy) in entry["policy_step_s"]
+        and entry["env_step_s"] is not None
+    )
+
+
+def _timings(entry: dict[str, Any]) -> Timings:
+    return Timings(entry["learner_step_s"], entry["policy_step_s"], entry["env_step_s"])
+
+
+def timings_for(cfg, spec, device, cands: list[Candidate]) -> tuple[Timings, bool]:
+    """The timings the candidates need: from the cache, measuring what is missing. Returns
+    (timings, all cached)."""
     path, key, cores = cache_path(), _entry_key(cfg, device), os.cpu_count() or 1
-    cache = _load_cache(path)
-    entry = cache.get(key, {"learner_step_s": {}, "policy_step_s": {}, "env_step_s": None})
+    entry = _cached_entry(cfg, device)
     fresh = False
     load_before = _load_average()
     for c in cands:
-        learner_keys, policy_keys = needed(c, cfg, device.type, cores)
-        for p, threads, B in learner_keys:
-            k = f"{p}/{threads}/{B}"
-            if k not in entry["learner_step_s"]:
-                if not measure:
-                    return None, False
-                entry["learner_step_s"][k] = time_learner_step(cfg, spec, device, p, threads, B)
-                fresh = True
-        for p, E in policy_keys:
-            k = f"{p}/{E}"
-            if k not in entry["policy_step_s"]:
-                if not measure:
-                    return None, False
-                entry["policy_step_s"][k] = time_policy_step(cfg, spec, p, E)
-                fresh = True
+        learner, policy = needed(c, cfg, device.type, cores)
+        if _key(learner) not in entry["learner_step_s"]:
+            entry["learner_step_s"][_key(learner)] = time_learner_step(cfg, spec, device, *learner)
+            fresh = True
+        if _key(policy) not in entry["policy_step_s"]:
+            entry["policy_step_s"][_key(policy)] = time_policy_step(cfg, spec, *policy)
+            fresh = True
     if entry["env_step_s"] is None:
-        if not measure:
-            return None, False
         entry["env_step_s"] = time_env_step(cfg)
         fresh = True
     if fresh:
@@ -437,7 +447,7 @@ def timings_for(
         cache = _load_cache(path)  # another job may have written meanwhile
         cache[key] = entry
         _save_cache(path, cache)
-    return Timings(entry["learner_step_s"], entry["policy_step_s"], entry["env_step_s"]), not fresh
+    return _timings(entry), not fresh
 
 
 def predictions(cfg, device, cands: list[Candidate], t: Timings) -> dict[Candidate, float]:
@@ -473,7 +483,6 @@ def resolve_auto(cfg):
     spec = env_spec(cfg.env)
     cands = candidates(cfg, os.cpu_count() or 1)
     t, cached = timings_for(cfg, spec, device, cands)
-    assert t is not None
     preds = predictions(cfg, device, cands, t)
     chosen = rank(preds)
     decision = Decision(chosen, preds, spec.frames_per_step, cached, str(cache_path()))
@@ -500,12 +509,12 @@ def measured_alternatives(cfg, device: torch.device) -> dict[Candidate, float] |
         for p in ("fp32", "bf16")
         for n in counts
     ]
-    cands = [c for c in cands if timings_for(cfg, None, device, [c], measure=False)[0]]
+    entry = _cached_entry(cfg, device)  # read once; nothing is measured during a run
+    cands = [c for c in cands if _covers(entry, c, cfg, device.type)]
     current = Candidate(cfg.precision, cfg.num_actors, cfg.envs_per_actor)
     if current not in cands:
         return None
-    t, _ = timings_for(cfg, None, device, cands, measure=False)
-    return predictions(cfg, device, cands, t) if t else None
+    return predictions(cfg, device, cands, _timings(entry))
 
 
 def write_decision(decision: Decision | None, keys: list[str], run_dir: str | Path) -> None:
