@@ -104,7 +104,6 @@ def _run(
     def act(core_state):
         return sample_action(model, envs, core_state, cfg.precision)
 
-    action, logits, next_core = act(core)
     while not should_stop():
         items = _acquire_slots(ring, counters, actor_id, E, should_stop)
         if items is None:
@@ -129,27 +128,27 @@ def _run(
                 return
             load_flat_into(model, flat)
             local_version = got
-            if n_unroll > 0:
-                # Re-act on the carried observation (its action is not yet taken) with the
-                # weights just loaded, so every step comes from the version the unroll is
-                # stamped with: its lag is exact, and bounded lag stays deterministic.
-                action, logits, next_core = act(core)
 
         _stamp(ring, idx, local_version, actor_id, global_unroll, core)
 
         game_overs: list[tuple[float, int]] = []
         for t in range(T + 1):
-            if t > 0:
-                game_overs += envs.step(action)
-                core = next_core
-                action, logits, next_core = act(core)
             ring.obs[idx, t] = envs.obs
             ring.reward[idx, t] = envs.reward
             ring.terminated[idx, t] = envs.terminated
             ring.truncated[idx, t] = envs.truncated
             ring.first[idx, t] = envs.first
+            # The bootstrap observation o_T is not acted on here: its action is drawn at step 0
+            # of the next unroll, after any weight load, so every action comes from the version
+            # the unroll is stamped with (exact lag, deterministic bounded lag) at T policy
+            # steps per unroll. a_T and its logits are never read (the learner takes [:-1]).
+            if t == T:
+                break
+            action, logits, next_core = act(core)
             ring.action[idx, t] = action
             ring.logits[idx, t] = logits
+            game_overs += envs.step(action)
+            core = next_core
         for item in items:
             ring.commit(actor_id, item)
         n_unroll += 1

@@ -287,8 +287,8 @@ class Rollout:
             terminated=torch.empty(T + 1, E, dtype=torch.bool),
             truncated=torch.empty(T + 1, E, dtype=torch.bool),
             first=torch.empty(T + 1, E, dtype=torch.bool),
-            action=torch.empty(T + 1, E, dtype=torch.int64),
-            logits=torch.empty(T + 1, E, spec.num_actions),
+            action=torch.zeros(T + 1, E, dtype=torch.int64),
+            logits=torch.zeros(T + 1, E, spec.num_actions),
         )
 
     @torch.no_grad()
@@ -299,25 +299,26 @@ class Rollout:
         if self.core is None:
             self.core = model.initial_state(self.envs.obs.shape[0])
         b.core_state = core = self.core
-        # Step 0 re-acts on the carried observation with the new weights (IMPALA's actor keeps
-        # the action it drew there last unroll): every recorded logit is the current policy's.
-        action, next_core = self._act(model, core, 0)
-        for t in range(1, self.cfg.unroll_length + 1):
+        # The carried observation (the last unroll's bootstrap o_T) is acted on here, with the
+        # new weights: every recorded logit is the current policy's. o_T itself is recorded
+        # but not acted on (a_T is never read), so an unroll costs T policy steps.
+        T = self.cfg.unroll_length
+        for t in range(T + 1):
+            self._record(t)
+            if t == T:
+                break
+            action, logits, next_core = sample_action(model, self.envs, core, self.cfg.precision)
+            b.action[t], b.logits[t] = action, logits
             episodes += self.envs.step(action)
             core = next_core
-            action, next_core = self._act(model, core, t)
         self.core = core  # the state before step T, which is the next unroll's step 0
         return b, episodes
 
-    def _act(self, model: Policy, core: CoreState, t: int) -> tuple[Tensor, CoreState]:
-        """Sample actions at the current observation and record step ``t`` of the batch."""
-        e = self.envs
-        action, logits, next_core = sample_action(model, e, core, self.cfg.precision)
-        b = self.batch
+    def _record(self, t: int) -> None:
+        """Record what the envs said at step ``t`` of the batch."""
+        e, b = self.envs, self.batch
         b.obs[t], b.reward[t], b.first[t] = e.obs, e.reward, e.first
         b.terminated[t], b.truncated[t] = e.terminated, e.truncated
-        b.action[t], b.logits[t] = action, logits
-        return action, next_core
 
 
 # -- main process -------------------------------------------------------------------------------

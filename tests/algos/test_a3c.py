@@ -108,10 +108,11 @@ def test_rollout_is_on_policy_and_carries_over(use_lstm):
             ended = batch.terminated[:-1] | batch.truncated[:-1]
             assert torch.equal(batch.first[1:], ended)
             # On-policy: the recorded logits are what the model computes on the whole unroll
-            # from the recorded core state (so impala_loss's rho is 1 everywhere).
+            # from the recorded core state (so impala_loss's rho is 1 everywhere). Step T is
+            # the bootstrap observation, acted on at the next unroll's step 0.
             with torch.no_grad():
                 out = model(batch.obs, batch.first, batch.core_state)
-            torch.testing.assert_close(out.logits, batch.logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out.logits[:-1], batch.logits[:-1], rtol=1e-5, atol=1e-5)
             model.policy_head.weight.data.add_(0.01)  # new weights every unroll, as in A3C
     finally:
         env.close()
