@@ -102,6 +102,18 @@ class HealthCfg:
 
 
 @dataclass
+class RayCfg:
+    """``runtime=ray``: actors as Ray actors, on this box or a cluster (README, "Running on a
+    cluster")."""
+
+    address: str | None = None  # a running cluster ("host:port" or "auto"); None: start Ray here
+    node_ip_address: str | None = None  # this driver's address on the cluster (None: Ray's pick)
+    object_store_mb: int = 512  # object store cap when Ray starts here (it takes /dev/shm)
+    num_cpus_per_actor: float = 1.0  # Ray CPUs each actor reserves (placement across nodes)
+    inflight_per_actor: int = 2  # unroll requests queued per actor: it steps while one travels
+
+
+@dataclass
 class Config:
     env: EnvCfg = field(default_factory=EnvCfg)
     model: ModelCfg = field(default_factory=ModelCfg)
@@ -110,6 +122,7 @@ class Config:
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     health: HealthCfg = field(default_factory=HealthCfg)
     replay: ReplayCfg = field(default_factory=ReplayCfg)
+    ray: RayCfg = field(default_factory=RayCfg)
 
     total_frames: int = 50_000_000  # stop after this many emulator frames (agent steps x skip)
     max_seconds: float = 0.0  # also stop after this much wall-clock time (0: no limit)
@@ -131,6 +144,7 @@ class Config:
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line
     run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir
+    runtime: str = "local"  # where IMPALA's actors run: local (processes) | ray (Ray actors)
     start_method: str = "spawn"  # multiprocessing start method for actors: spawn | forkserver
     resume: str | None = None  # a run dir or checkpoint .pt to continue, in its own run dir
     max_nonfinite_updates: int = 10  # consecutive NaN/inf updates (skipped) before the run stops

@@ -74,6 +74,48 @@ def validate_replay(cfg: Config) -> None:
         )
 
 
+def validate_runtime(cfg: Config) -> None:
+    """``runtime`` and its ``ray.*`` keys."""
+    _require(
+        cfg.runtime in ("local", "ray"),
+        f"runtime={cfg.runtime!r} is not one of ('local', 'ray'). Fix: runtime=local (actor "
+        "processes on this box) or runtime=ray (Ray actors, here or on a cluster).",
+    )
+    if cfg.runtime != "ray":
+        return
+    _require(
+        cfg.algo.name in ("impala", "impala_nocorrection"),
+        f"runtime=ray with algo={cfg.algo.name}: only IMPALA's actors run on Ray. Fix: "
+        "runtime=local, or algo=impala.",
+    )
+    _require(
+        cfg.bounded_lag is None,
+        "runtime=ray can't give bounded_lag's guarantee: remote unrolls arrive in network "
+        "order, not round-robin. Fix: bounded_lag=null, or runtime=local.",
+    )
+    ray_cfg = cfg.ray
+    _require(
+        ray_cfg.object_store_mb >= 80,
+        f"ray.object_store_mb={ray_cfg.object_store_mb}: Ray needs at least about 80 MB. Fix: "
+        "ray.object_store_mb=512 (the default).",
+    )
+    _require(
+        ray_cfg.num_cpus_per_actor > 0,
+        f"ray.num_cpus_per_actor={ray_cfg.num_cpus_per_actor} must be > 0.",
+    )
+    _require(
+        ray_cfg.inflight_per_actor >= 1,
+        f"ray.inflight_per_actor={ray_cfg.inflight_per_actor} must be >= 1.",
+    )
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            'runtime=ray needs Ray, which is not installed. Fix: pip install -e ".[ray]" (or '
+            "pip install 'ray>=2.40'), or runtime=local."
+        ) from None
+
+
 def validate_config(cfg: Config) -> None:
     """Call on a resolved config (``calibration.resolve_auto`` replaces every ``auto``)."""
     check_values(cfg)
@@ -138,6 +180,7 @@ def validate_config(cfg: Config) -> None:
             "bounded_lag and max_policy_lag can't be combined: bounded lag never produces stale "
             "data to drop. Fix: max_policy_lag=0.",
         )
+    validate_runtime(cfg)
     _require(
         cfg.start_method in ("spawn", "forkserver"),
         f"start_method={cfg.start_method!r}: use spawn or forkserver.",

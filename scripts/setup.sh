@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[dev,box2d,minatar]"
+.venv/bin/python -m pip install -q -e ".[dev,box2d,minatar,ray]"
 # tcmalloc: the CLI preloads it when present (impala_gpu/speed.py); 1.17x end to end on a CPU
 # learner here. Best effort: installed only as root with apt-get; IMPALA_GPU_NO_APT=1 skips it.
 if ! .venv/bin/python -c "import sys; from impala_gpu.speed import find_tcmalloc; sys.exit(find_tcmalloc() is None)"; then

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from impala_gpu.acting.rollout import EnvStepper, acting_process, sample_action
+from impala_gpu.acting.rollout import (
+    EnvStepper,
+    acting_process,
+    record_unroll,
+    sample_action,
+    stamp_unroll,
+)
 from impala_gpu.channels.params import ParamStore, flat_parameters, load_flat_into
 from impala_gpu.channels.ring import TrajectoryRing
 from impala_gpu.config import Config, fresh_batch_size
@@ -129,26 +135,8 @@ def _run(
             load_flat_into(model, flat)
             local_version = got
 
-        _stamp(ring, idx, local_version, actor_id, global_unroll, core)
-
-        game_overs: list[tuple[float, int]] = []
-        for t in range(T + 1):
-            ring.obs[idx, t] = envs.obs
-            ring.reward[idx, t] = envs.reward
-            ring.terminated[idx, t] = envs.terminated
-            ring.truncated[idx, t] = envs.truncated
-            ring.first[idx, t] = envs.first
-            # The bootstrap observation o_T is not acted on here: its action is drawn at step 0
-            # of the next unroll, after any weight load, so every action comes from the version
-            # the unroll is stamped with (exact lag, deterministic bounded lag) at T policy
-            # steps per unroll. a_T and its logits are never read (the learner takes [:-1]).
-            if t == T:
-                break
-            action, logits, next_core = act(core)
-            ring.action[idx, t] = action
-            ring.logits[idx, t] = logits
-            game_overs += envs.step(action)
-            core = next_core
+        stamp_unroll(ring.fields, idx, local_version, actor_id, global_unroll, core)
+        core, game_overs = record_unroll(ring.fields, idx, envs, act, core, T)
         for item in items:
             ring.commit(actor_id, item)
         n_unroll += 1
@@ -167,19 +155,6 @@ def _acquire_slots(ring: TrajectoryRing, counters: Tensor, actor_id: int, n: int
             return None
     counters[actor_id, IDLE_NS] += time.perf_counter_ns() - t_idle
     return items
-
-
-def _stamp(
-    ring: TrajectoryRing, idx: Tensor, version: int, actor_id: int, unroll: int, core
-) -> None:
-    """Per-unroll fields: who acted, with which weights, and the core state before step 0."""
-    ring.version[idx] = version
-    ring.actor[idx] = actor_id
-    ring.unroll[idx] = unroll
-    ring.env_index[idx] = torch.arange(len(idx))
-    if core:
-        ring.core_h[idx] = core[0]
-        ring.core_c[idx] = core[1]
 
 
 def _report(handles: ActorHandles, actor_id: int, steps: int, game_overs: list) -> None:

@@ -78,6 +78,7 @@ class ActorPool:
         self.procs: list[Any] = [None] * cfg.num_actors
         self.spawned_ns = [0] * cfg.num_actors
         self.restarts = 0
+        self.unrolls_dropped = 0  # a dead process's slots are reclaimed, not dropped
         self.errors: dict[int, str] = {}
         self.pending_ready: dict[int, tuple[float, int]] = {}  # actor -> (spawn time, unrolls)
         self.last_check = 0.0

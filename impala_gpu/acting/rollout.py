@@ -90,6 +90,50 @@ def sample_action(
     return policy_step(model, envs.obs, envs.first, core, precision)
 
 
+def record_unroll(
+    fields: dict[str, Tensor], idx, envs: EnvStepper, act, core: CoreState, T: int
+) -> tuple[CoreState, list[tuple[float, int]]]:
+    """Act and step ``T`` times from the envs' current observation, writing step ``t`` of env
+    ``e`` into ``fields[name][idx[e], t]`` (the ring's layout, ``channels/ring.py``; ``idx`` is
+    ring slots, or ``slice(None)`` for a buffer of its own ``[E, T+1, ...]``). ``act(core)``
+    returns (actions [E], logits [E, A], next core). Returns the core state before o_T (the
+    next unroll's starting state) and the games that ended.
+
+    The bootstrap observation o_T is not acted on here: its action is drawn at step 0 of the
+    next unroll, after any weight load, so every action comes from the version the unroll is
+    stamped with (exact lag, deterministic bounded lag) at T policy steps per unroll. a_T and
+    its logits are never read (the learner takes [:-1])."""
+    games: list[tuple[float, int]] = []
+    for t in range(T + 1):
+        fields["obs"][idx, t] = envs.obs
+        fields["reward"][idx, t] = envs.reward
+        fields["terminated"][idx, t] = envs.terminated
+        fields["truncated"][idx, t] = envs.truncated
+        fields["first"][idx, t] = envs.first
+        if t == T:
+            break
+        action, logits, next_core = act(core)
+        fields["action"][idx, t] = action
+        fields["logits"][idx, t] = logits
+        games += envs.step(action)
+        core = next_core
+    return core, games
+
+
+def stamp_unroll(
+    fields: dict[str, Tensor], idx, version: int, actor_id: int, unroll: int, core: CoreState
+) -> None:
+    """Per-unroll fields: who acted, with which weights, and the core state before step 0."""
+    n = len(fields["version"][idx])
+    fields["version"][idx] = version
+    fields["actor"][idx] = actor_id
+    fields["unroll"][idx] = unroll
+    fields["env_index"][idx] = torch.arange(n)
+    if core:
+        fields["core_h"][idx] = core[0]
+        fields["core_c"][idx] = core[1]
+
+
 @contextmanager
 def acting_process(cfg: Config, seed: int) -> Iterator[tuple[object, int]]:
     """The start of every acting child process (IMPALA actor, A3C worker): Ctrl-C is left to

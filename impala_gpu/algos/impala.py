@@ -105,7 +105,7 @@ class DataPath:
     slots: SlotManager
     params: ParamStore
     handles: ActorHandles
-    pool: ActorPool
+    pool: ActorPool  # or acting.ray_pool.RayActorPool (runtime=ray): the same interface
     batcher: Batcher
 
     @classmethod
@@ -134,7 +134,10 @@ class DataPath:
         params.publish(learner.model, version=state.version)
         handles = ActorHandles.create(ctx, ring, params, cfg.num_actors, state.version)
         # A resumed run must not replay the trajectories it already learned from (salt).
-        pool = ActorPool(
+        pool_cls = ActorPool
+        if cfg.runtime == "ray":
+            from impala_gpu.acting.ray_pool import RayActorPool as pool_cls
+        pool = pool_cls(
             ctx, cfg, spec, handles, slots, state.resumes, reporter.tele, reporter.on_event
         )
         fresh = fresh_batch_size(cfg)  # the rest of each batch is replayed
@@ -202,10 +205,13 @@ class Reporter:
         """An actor-pool event: into events.jsonl, and replacements onto the console."""
         self.logger.event({**event, "frames": self.state.frames, "updates": self.state.version})
         if event["event"] == "actor_replaced":
-            _say(
-                f"actor-{event['actor']} {event['cause']}; replaced "
-                f"(restart {event['restart']}, {event['slots_reclaimed']} slots reclaimed)"
+            lost = (
+                f"{event['unrolls_dropped']} in-flight unrolls dropped"
+                if "unrolls_dropped" in event
+                else f"{event['slots_reclaimed']} slots reclaimed"
             )
+            n, cause = event["restart"], event["cause"]
+            _say(f"actor-{event['actor']} {cause}; replaced (restart {n}, {lost})")
 
     def announce_start(self, cfg: Config, device: torch.device, threads: int) -> None:
         self.logger.event(
@@ -218,6 +224,7 @@ class Reporter:
                 "allocator": allocator(),
                 "actors": cfg.num_actors,
                 "envs_per_actor": cfg.envs_per_actor,
+                "runtime": cfg.runtime,
             }
         )
         _say(
@@ -432,6 +439,7 @@ def log_metrics(
         ring_occupancy=batcher.ring.occupancy(),
         dropped_stale=batcher.dropped_stale,
         actor_restarts=data.pool.restarts,
+        unrolls_dropped=data.pool.unrolls_dropped,
         stale_slots_dropped=batcher.slots.stale_dropped,
         batcher_gather_s=batcher.gather_s,
         lr=learner.optimizer.param_groups[0]["lr"],

@@ -1,0 +1,383 @@
+"""``runtime=ray``: the actor pool with Ray actors, on this box or on any Ray cluster.
+
+The learning side does not change. Each Ray actor (``RolloutWorker``) steps its envs with a
+local copy of the policy and returns whole unrolls in the ring's own layout (``channels/ring``:
+``[E, T+1, ...]`` per field, plus the per-unroll stamps). A feeder thread in the learner's
+process keeps ``ray.inflight_per_actor`` unroll requests queued per actor, takes each unroll
+out of Ray's object store and copies it into ring slots that it acquires *as that actor*, so
+the batcher, the policy-lag accounting and the slot bookkeeping see exactly what local actors
+produce. Weights go out once per publish the feeder sees: one ``ray.put`` of the flat weights,
+whose reference (and version) rides along with every request; an actor fetches it only when
+its version is ``refresh_every`` behind.
+
+Supervision mirrors ``ActorPool``: an actor that dies (its requests raise), raises (a task
+error), or returns nothing for ``actor_timeout_s`` (hung or unreachable; before its first
+unroll the start-up grace applies) is killed and replaced with a fresh seed. Its in-flight
+unrolls are dropped and counted (``unrolls_dropped``), and the replacement is logged to the
+console and ``events.jsonl`` like a local one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from impala_gpu.acting.actor import HEARTBEAT_NS, IDLE_NS, STEPS, UNROLLS, ActorHandles
+from impala_gpu.acting.pool import STARTUP_GRACE_S
+from impala_gpu.acting.rollout import EnvStepper, record_unroll, sample_action, stamp_unroll
+from impala_gpu.channels.params import flat_parameters, load_flat_into
+from impala_gpu.channels.ring import RingSpec, SlotManager, numpy_to_torch_dtype
+from impala_gpu.config import Config
+from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env
+from impala_gpu.models import build_model
+from impala_gpu.reporting.telemetry import Telemetry
+
+
+def unroll_spec(cfg: Config, spec: EnvSpec) -> RingSpec:
+    """The layout of one actor's unroll: a ring of ``E`` slots, one per env."""
+    return RingSpec(
+        num_slots=cfg.envs_per_actor,
+        unroll_length=cfg.unroll_length,
+        obs_shape=spec.obs_shape,
+        obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
+        num_actions=spec.num_actions,
+        lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
+    )
+
+
+class RolloutWorker:
+    """What runs inside one Ray actor: the local actor's loop, one unroll per call."""
+
+    def __init__(self, cfg: Config, spec: EnvSpec, actor_id: int, seed: int):
+        import ray
+
+        torch.set_num_threads(1)  # the actors are the parallelism
+        torch.manual_seed(seed)
+        self.cfg, self.actor_id = cfg, actor_id
+        self.env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
+        self.envs = EnvStepper(self.env, cfg, spec, seed)
+        self.model = build_model(spec.obs_shape, spec.num_actions, cfg.model).eval()
+        self.flat = flat_parameters(self.model).detach().clone()
+        self.core = self.model.initial_state(cfg.envs_per_actor)
+        self.buffer = {
+            name: torch.zeros(shape, dtype=dtype)
+            for name, (shape, dtype) in unroll_spec(cfg, spec).field_shapes().items()
+        }
+        self.version: int | None = None
+        self.n_unroll = 0
+        self.last_end_ns: int | None = None
+        self.node_ip = ray.util.get_node_ip_address()
+
+    def unroll(self, weights: list, version: int) -> tuple[dict, list, int, str]:
+        """Act for one unroll with the newest weights we hold (fetched from ``weights[0]``,
+        an object reference, when ``version`` is ``refresh_every`` ahead of ours). Returns
+        the unroll's fields as numpy arrays, the games that ended, the ns this actor sat idle
+        since its last unroll, and its node's address."""
+        import ray
+
+        start_ns = time.perf_counter_ns()
+        idle_ns = 0 if self.last_end_ns is None else start_ns - self.last_end_ns
+        if self.version is None or version - self.version >= self.cfg.refresh_every:
+            self.flat.numpy()[:] = ray.get(weights[0])  # read-only, zero-copy: copy it out
+            load_flat_into(self.model, self.flat)
+            self.version = version
+
+        def act(core):
+            return sample_action(self.model, self.envs, core, self.cfg.precision)
+
+        everyone = slice(None)
+        stamp_unroll(self.buffer, everyone, self.version, self.actor_id, self.n_unroll, self.core)
+        self.core, games = record_unroll(
+            self.buffer, everyone, self.envs, act, self.core, self.cfg.unroll_length
+        )
+        self.n_unroll += 1
+        self.last_end_ns = time.perf_counter_ns()
+        # Ray copies the result into its object store on return: the buffer can be reused.
+        return {k: v.numpy() for k, v in self.buffer.items()}, games, idle_ns, self.node_ip
+
+
+def connect(cfg: Config) -> bool:
+    """Join the cluster at ``ray.address``, or start Ray here (object store capped). Returns
+    whether this call started or joined Ray (and so ``ray.shutdown`` belongs to the run)."""
+    import ray
+
+    if ray.is_initialized():
+        return False  # the caller's own Ray session: theirs to shut down
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if cfg.ray.node_ip_address:
+        kwargs["_node_ip_address"] = cfg.ray.node_ip_address
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, **kwargs)
+    else:
+        cpus = max(os.cpu_count() or 1, math.ceil(cfg.num_actors * cfg.ray.num_cpus_per_actor))
+        ray.init(num_cpus=cpus, object_store_memory=cfg.ray.object_store_mb << 20, **kwargs)
+    return True
+
+
+@dataclass
+class _Slot:
+    """One of the pool's actor positions: the Ray actor holding it now and its requests."""
+
+    handle: Any = None
+    generation: int = 0  # bumped on every replacement: the old actor's results are dropped
+    spawned: float = 0.0  # monotonic time of the current actor's creation
+    ready: bool = False  # the current actor has landed an unroll
+    node_ip: str = ""
+    inflight: dict = field(default_factory=dict)  # ObjectRef -> monotonic submit time
+
+
+class RayActorPool:
+    """The acting interface of ``ActorPool`` (``start``, ``check``, ``drain``, ``join``,
+    ``restarts``, ``unrolls_dropped``), with Ray actors feeding the learner's local ring."""
+
+    def __init__(
+        self,
+        ctx,
+        cfg: Config,
+        spec: EnvSpec,
+        handles: ActorHandles,
+        slots: SlotManager,
+        seed_salt: int,
+        tele: Telemetry,
+        on_event,  # (dict) -> None: logs an event line
+    ):
+        del ctx  # local processes only
+        self.cfg, self.spec, self.handles, self.slots = cfg, spec, handles, slots
+        self.tele, self.on_event, self.seed_salt = tele, on_event, seed_salt
+        self.actors = [_Slot() for _ in range(cfg.num_actors)]
+        self.lock = threading.Lock()
+        self.restarts = 0
+        self.unrolls_dropped = 0
+        self.weight_puts = 0
+        self.failures: queue.Queue = queue.Queue()  # (actor, generation, cause), feeder -> main
+        self.notices: queue.Queue = queue.Queue()  # events the feeder saw, logged by the main
+        self.games: queue.Queue = queue.Queue()
+        self.stop_event = threading.Event()
+        self.feeder: threading.Thread | None = None
+        self.owns_ray = False
+        self.weights: tuple[int, Any] | None = None  # (version, ObjectRef of the flat weights)
+        self.flat = torch.empty(handles.params.flat.shape[1])
+        self.last_check = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        import ray
+
+        self.owns_ray = connect(self.cfg)
+        self.remote_cls = ray.remote(num_cpus=self.cfg.ray.num_cpus_per_actor, max_restarts=0)(
+            RolloutWorker
+        )
+        seeds = derive_seeds(self.cfg.seed, self.cfg.num_actors, salt=self.seed_salt)
+        for i, seed in enumerate(seeds):
+            self._spawn(i, seed)
+        self.feeder = threading.Thread(target=self._feed, name="ray-feeder", daemon=True)
+        self.feeder.start()
+
+    def _spawn(self, i: int, seed: int) -> None:
+        slot = self.actors[i]
+        slot.handle = self.remote_cls.options(scheduling_strategy="SPREAD").remote(
+            self.cfg, self.spec, i, seed
+        )
+        slot.spawned, slot.ready, slot.node_ip = time.monotonic(), False, ""
+        self.handles.counters[i, HEARTBEAT_NS] = 0
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Stop the feeder and every actor; leave Ray (shutting it down if we started it)."""
+        import ray
+
+        self.stop_event.set()
+        if self.feeder is not None:
+            self.feeder.join(timeout=timeout)
+        if not ray.is_initialized():
+            return
+        for slot in self.actors:
+            if slot.handle is not None:
+                ray.kill(slot.handle, no_restart=True)
+                slot.handle = None
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
+        self.drain()
+
+    # -- main thread -----------------------------------------------------------------------
+    def drain(self) -> None:
+        """Episode stats to telemetry."""
+        while True:
+            try:
+                self.tele.add_episodes(self.games.get_nowait())
+            except queue.Empty:
+                return
+
+    def check(self, min_interval_s: float = 0.25) -> None:
+        """Replace dead, failing or silent actors (rate-limited; called every loop turn)."""
+        now = time.monotonic()
+        if now - self.last_check < min_interval_s:
+            return
+        self.last_check = now
+        while True:
+            try:
+                self.on_event(self.notices.get_nowait())
+            except queue.Empty:
+                break
+        while True:
+            try:
+                i, generation, cause = self.failures.get_nowait()
+            except queue.Empty:
+                break
+            if generation == self.actors[i].generation:
+                self._replace(i, cause)
+        for i, slot in enumerate(self.actors):
+            silent_s, timeout_s = self._silence(slot, now)
+            if silent_s > timeout_s:
+                self._replace(i, f"no unroll for {silent_s:.0f} s (hung or unreachable); killed")
+
+    def _silence(self, slot: _Slot, now: float) -> tuple[float, float]:
+        """How long the actor's oldest request has waited, and the wait that means it hangs."""
+        with self.lock:
+            oldest = min(slot.inflight.values(), default=now)
+        if slot.ready:
+            return now - oldest, self.cfg.actor_timeout_s
+        return now - slot.spawned, max(self.cfg.actor_timeout_s, STARTUP_GRACE_S)
+
+    def _replace(self, i: int, cause: str) -> None:
+        import ray
+
+        t0 = time.monotonic()
+        self.restarts += 1
+        if self.restarts > self.cfg.max_actor_restarts:
+            raise RuntimeError(
+                f"actor-{i} {cause}: that is restart {self.restarts}, over max_actor_restarts="
+                f"{self.cfg.max_actor_restarts}; the actors are crash-looping, stopping the run. "
+                "Fix: see the causes in events.jsonl; raise max_actor_restarts if they are rare."
+            )
+        slot = self.actors[i]
+        old = slot.handle
+        with self.lock:
+            dropped = len(slot.inflight)
+            slot.inflight.clear()
+            slot.generation += 1
+            self.unrolls_dropped += dropped
+            seed = derive_seeds(
+                self.cfg.seed, 1, salt=10_000 + self.seed_salt * 1_000 + self.restarts
+            )[0]
+            self._spawn(i, seed)
+        ray.kill(old, no_restart=True)
+        self.on_event(
+            {
+                "event": "actor_replaced",
+                "actor": i,
+                "cause": cause,
+                "exitcode": None,
+                "slots_reclaimed": 0,
+                "unrolls_dropped": dropped,
+                "restart": self.restarts,
+                "runtime": "ray",
+                "replace_s": time.monotonic() - t0,
+            }
+        )
+
+    # -- feeder thread ---------------------------------------------------------------------
+    def _feed(self) -> None:
+        import ray
+
+        while not self.stop_event.is_set():
+            self._refresh_weights()
+            self._submit()
+            with self.lock:
+                owners = {
+                    ref: (i, slot.generation)
+                    for i, slot in enumerate(self.actors)
+                    for ref in slot.inflight
+                }
+            if not owners:
+                time.sleep(0.05)
+                continue
+            ready, _ = ray.wait(list(owners), num_returns=1, timeout=0.2)
+            for ref in ready:
+                i, generation = owners[ref]
+                with self.lock:
+                    current = self.actors[i].inflight.pop(ref, None) is not None
+                if not current:
+                    continue  # the actor was replaced meanwhile: counted as dropped there
+                try:
+                    arrays, games, idle_ns, node_ip = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    self.failures.put((i, generation, describe_ray_error(e)))
+                    continue
+                self._land(i, generation, arrays, games, idle_ns, node_ip)
+
+    def _refresh_weights(self) -> None:
+        """One ``ray.put`` per version published since we last looked."""
+        import ray
+
+        params = self.handles.params
+        if self.weights is not None and params.version == self.weights[0]:
+            return
+        version = params.try_read(self.flat)
+        if version is not None:
+            self.weights = (version, ray.put(self.flat.numpy()))
+            self.weight_puts += 1
+
+    def _submit(self) -> None:
+        if self.weights is None:
+            return
+        version, ref = self.weights
+        with self.lock:
+            for slot in self.actors:
+                while len(slot.inflight) < self.cfg.ray.inflight_per_actor:
+                    # The reference inside a list: Ray passes it as is, not the weights.
+                    slot.inflight[slot.handle.unroll.remote([ref], version)] = time.monotonic()
+
+    def _land(self, i: int, generation: int, arrays, games, idle_ns: int, node_ip: str) -> None:
+        """Copy one unroll into ring slots held as actor ``i`` and hand them to the learner."""
+        ring, counters = self.handles.ring, self.handles.counters
+        E = self.cfg.envs_per_actor
+        items, wait_start = [], time.perf_counter_ns()
+        while len(items) < E:
+            item = ring.acquire(i, timeout=0.2)
+            if item is not None:
+                items.append(item)
+            elif self.stop_event.is_set():
+                return
+        idx = [s for s, _ in items]
+        for name, value in arrays.items():
+            ring.fields[name].numpy()[idx] = value  # Ray's arrays are read-only views
+        for item in items:
+            ring.commit(i, item)
+        counters[i, IDLE_NS] += idle_ns + time.perf_counter_ns() - wait_start
+        counters[i, STEPS] += self.cfg.unroll_length * E
+        counters[i, UNROLLS] += 1
+        counters[i, HEARTBEAT_NS] = time.time_ns()
+        if games:
+            self.games.put(games)
+        slot = self.actors[i]
+        if not slot.ready and generation == slot.generation:
+            slot.ready, slot.node_ip = True, node_ip
+            self.notices.put(
+                {
+                    "event": "actor_ready",
+                    "actor": i,
+                    "node": node_ip,
+                    "runtime": "ray",
+                    "since_spawn_s": time.monotonic() - slot.spawned,
+                }
+            )
+
+
+def describe_ray_error(e: Exception) -> str:
+    """A one-line cause of death: the dead actor's reason, or a task's last traceback line."""
+    import ray
+
+    if isinstance(e, ray.exceptions.RayTaskError):
+        return "raised: " + str(e).strip().splitlines()[-1]
+    if isinstance(e, ray.exceptions.ActorDiedError | ray.exceptions.ActorUnavailableError):
+        return f"died ({type(e).__name__}: {str(e).strip().splitlines()[0]})"
+    return f"failed ({type(e).__name__}: {str(e).strip().splitlines()[0]})"
