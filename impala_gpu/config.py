@@ -144,6 +144,8 @@ class Config:
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line
     run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir
+    learners: int = 1  # data-parallel learner processes (torch.distributed); each trains on B/N
+    learner_timeout_s: float = 300.0  # a learner rank silent this long fails the run (N > 1)
     runtime: str = "local"  # where IMPALA's actors run: local (processes) | ray (Ray actors)
     start_method: str = "spawn"  # multiprocessing start method for actors: spawn | forkserver
     resume: str | None = None  # a run dir or checkpoint .pt to continue, in its own run dir

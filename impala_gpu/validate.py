@@ -116,6 +116,25 @@ def validate_runtime(cfg: Config) -> None:
         ) from None
 
 
+def validate_learners(cfg: Config) -> None:
+    """``learners=N``: data-parallel learners, each on its share of every batch."""
+    n = cfg.learners
+    _require(n >= 1, f"learners={n} must be >= 1 (1: one learner process).")
+    if n == 1:
+        return
+    _require(
+        cfg.algo.name in ("impala", "impala_nocorrection"),
+        f"learners={n} with algo={cfg.algo.name}: only IMPALA's learner is data-parallel. Fix: "
+        "learners=1, or algo=impala.",
+    )
+    _require(
+        cfg.batch_size % n == 0,
+        f"batch_size={cfg.batch_size} does not split into learners={n} equal shares. Fix: "
+        f"batch_size={max(1, cfg.batch_size // n) * n} (a multiple of learners).",
+    )
+    _require(cfg.learner_timeout_s > 0, f"learner_timeout_s={cfg.learner_timeout_s} must be > 0.")
+
+
 def validate_config(cfg: Config) -> None:
     """Call on a resolved config (``calibration.resolve_auto`` replaces every ``auto``)."""
     check_values(cfg)
@@ -181,6 +200,7 @@ def validate_config(cfg: Config) -> None:
             "data to drop. Fix: max_policy_lag=0.",
         )
     validate_runtime(cfg)
+    validate_learners(cfg)
     _require(
         cfg.start_method in ("spawn", "forkserver"),
         f"start_method={cfg.start_method!r}: use spawn or forkserver.",

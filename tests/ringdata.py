@@ -109,3 +109,24 @@ def batches_from_ring(spec: RingSpec, device: str, B: int, pairs: int) -> list[d
         ring.close()
     assert batcher.error is None
     return out
+
+
+def random_batch(obs_shape, num_actions: int, T: int = 6, B: int = 4, seed: int = 0) -> Batch:
+    """A learner batch of random content (not from a ring): time-major ``[T+1, B, ...]``."""
+    g = torch.Generator().manual_seed(seed)
+    image = len(obs_shape) == 3
+    obs = (
+        torch.randint(0, 256, (T + 1, B, *obs_shape), generator=g, dtype=torch.uint8)
+        if image
+        else torch.randn(T + 1, B, *obs_shape, generator=g)
+    )
+    terminated = torch.rand(T + 1, B, generator=g) < 0.1
+    return Batch(
+        obs=obs,
+        reward=torch.randn(T + 1, B, generator=g),
+        terminated=terminated,
+        truncated=torch.zeros(T + 1, B, dtype=torch.bool),
+        first=torch.roll(terminated, 1, 0),
+        action=torch.randint(0, num_actions, (T + 1, B), generator=g),
+        logits=torch.randn(T + 1, B, num_actions, generator=g),
+    )

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from leakcheck import read_metrics, run_cli
+from ringdata import random_batch
 
 from impala_gpu import speed
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
@@ -19,26 +20,6 @@ from impala_gpu.validate import ConfigError, validate_config
 
 ATARI_OBS, ATARI_ACTIONS = (4, 84, 84), 6
 LOSS_STATS = [STAT_NAMES.index(n) for n in ("total_loss", "pg_loss", "baseline_loss", "entropy")]
-
-
-def random_batch(obs_shape, num_actions: int, T: int = 6, B: int = 4, seed: int = 0) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    image = len(obs_shape) == 3
-    obs = (
-        torch.randint(0, 256, (T + 1, B, *obs_shape), generator=g, dtype=torch.uint8)
-        if image
-        else torch.randn(T + 1, B, *obs_shape, generator=g)
-    )
-    terminated = torch.rand(T + 1, B, generator=g) < 0.1
-    return Batch(
-        obs=obs,
-        reward=torch.randn(T + 1, B, generator=g),
-        terminated=terminated,
-        truncated=torch.zeros(T + 1, B, dtype=torch.bool),
-        first=torch.roll(terminated, 1, 0),
-        action=torch.randint(0, num_actions, (T + 1, B), generator=g),
-        logits=torch.randn(T + 1, B, num_actions, generator=g),
-    )
 
 
 def one_update(model, batch: Batch, precision: str = "fp32"):

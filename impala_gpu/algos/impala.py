@@ -27,6 +27,7 @@ from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
 from impala_gpu.config import Config, fresh_batch_size, to_container
 from impala_gpu.envs import EnvSpec, env_spec
+from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
 from impala_gpu.learning.learner import (
     STAT_NAMES,
@@ -60,13 +61,20 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     logged metrics."""
     cfg = apply_auto(cfg, run_dir)
     validate_config(cfg)
+    rdv = distributed.rendezvous(cfg)
+    if rdv is not None and not rdv.leader:
+        distributed.follower_main(rdv, cfg)  # a torchrun rank > 0: trains on its shares only
+        return {}
     device = resolve_device(cfg.device)
+    if rdv is not None:
+        device = distributed.learner_device(device, rdv.rank)
     spec = env_spec(cfg.env)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
     threads = cfg.learner_threads or default_learner_threads(
         device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
     )
+    threads = max(1, threads // (rdv.world if rdv else 1))
     torch.set_num_threads(threads)
     learner = build_learner(cfg, spec, device)
     tele = Telemetry(STAT_NAMES + tuple(learner.grad_names), device.type == "cuda")
@@ -79,6 +87,8 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     reporter = Reporter.build(cfg, run_dir, sweep, tele, learner.state, resumed)
     data = None
     try:
+        if rdv is not None:
+            learner.parallel = distributed.DataParallel(rdv, cfg, spec, learner, device)
         data = DataPath.build(cfg, spec, device, learner, reporter)
         reporter.announce_start(cfg, device, threads)
         data.start()
@@ -94,6 +104,8 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     finally:
         if data is not None:
             data.close()
+        if learner.parallel is not None:
+            learner.parallel.close()
         reporter.logger.close()
 
 
@@ -364,18 +376,22 @@ def update(
     """One train step on ``batch``; returns its stats (STAT_NAMES order, then per-layer grad
     norms). Times the step for the busy fraction (on CUDA, with events)."""
     t1 = time.perf_counter()
-    model = learner.model
+    model, share, grad_scale, par = learner.model, batch, 1.0, learner.parallel
     timer = _GpuTimer() if batch.obs.is_cuda else None
+    if par is not None:  # learners > 1: this rank trains on its share, DDP averages gradients
+        model, (share, grad_scale) = par.model, par.share(batch)
     stats = train_step(
-        model, learner.optimizer, batch, cfg.algo, cfg.precision, learner.grad_groups
+        model, learner.optimizer, share, cfg.algo, cfg.precision, learner.grad_groups, grad_scale
     )
+    if par is not None:
+        stats = distributed.mean_over_ranks(stats)
     if timer is not None:
         tele.window.gpu_events.append(timer.stop())
     stats_np = stats.cpu().numpy()  # the one host-device sync per update
     tele.window.busy_s += time.perf_counter() - t1
     if cfg.health.enabled and measure_health:
         learner.state.health = health.measure(
-            model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
+            learner.model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
         )
     return stats_np
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,6 +89,7 @@ def train_step(
     algo: AlgoCfg,
     precision: str = "fp32",
     grad_groups: list[list[nn.Parameter]] | None = None,
+    grad_scale: float = 1.0,
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
     so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
@@ -95,6 +97,8 @@ def train_step(
 
     ``precision="bf16"`` runs the forward pass under bf16 autocast; V-trace and the loss are
     computed from fp32 casts of the logits and values, and backward runs outside autocast.
+    ``grad_scale`` multiplies the loss before backward (data-parallel learners with a summed
+    loss, ``learning.distributed``); the reported loss is unscaled.
     """
     with autocast(batch.obs.device, precision):
         out = model(batch.obs, batch.first, batch.core_state)
@@ -120,7 +124,7 @@ def train_step(
         normalize_advantages=algo.normalize_advantages,
     )
     optimizer.zero_grad(set_to_none=True)
-    loss.total.backward()
+    (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
     layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
     max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -200,6 +204,7 @@ class Learner:
     grad_groups: list | None  # their parameters (health.grad_groups), or None when health is off
     nonfinite: NonfiniteGuard
     state: LearnerState
+    parallel: Any = None  # learning.distributed.DataParallel when learners > 1 (rank 0)
 
 
 def build_learner(cfg: Config, spec: EnvSpec, device: torch.device) -> Learner:

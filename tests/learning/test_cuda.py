@@ -15,8 +15,8 @@ import pytest
 import torch
 from leakcheck import read_metrics, run_cli
 from ringdata import SPEC as LSTM_SPEC
-from ringdata import batches_from_ring, expected_batch
-from test_speed import ATARI_ACTIONS, ATARI_OBS, LOSS_STATS, one_update, random_batch
+from ringdata import batches_from_ring, expected_batch, random_batch
+from test_speed import ATARI_ACTIONS, ATARI_OBS, LOSS_STATS, one_update
 
 from impala_gpu import speed
 from impala_gpu.channels.ring import STEP_FIELDS, RingSpec

@@ -1,0 +1,133 @@
+"""learners=N: two gloo learners on CPU, each on half of a batch, make the update one learner
+makes on the whole batch; and a CartPole run with learners=2 trains and leaves nothing behind."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from leakcheck import read_metrics, run_cli
+from ringdata import random_batch
+
+from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
+from impala_gpu.learning import distributed
+from impala_gpu.learning.learner import make_optimizer, train_step
+from impala_gpu.models import build_model
+from impala_gpu.validate import ConfigError, validate_config
+
+OBS, ACTIONS, T, B, STEPS = (4,), 2, 5, 8, 3
+
+
+def algo(reduction: str) -> AlgoCfg:
+    return AlgoCfg(optimizer="adam", learning_rate=1e-2, reduction=reduction, grad_norm_clip=0)
+
+
+def fresh_model(lstm: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(OBS, ACTIONS, ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm))
+
+
+def with_core(batch, lstm: bool, seed: int):
+    if not lstm:
+        return batch
+    g = torch.Generator().manual_seed(100 + seed)
+    core = tuple(torch.randn(B, 256, generator=g) for _ in range(2))
+    return dataclasses.replace(batch, core_state=core)
+
+
+def one_learner(reduction: str, lstm: bool) -> list[torch.Tensor]:
+    model = fresh_model(lstm)
+    opt = make_optimizer(model, algo(reduction))
+    for step in range(STEPS):
+        batch = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
+        train_step(model, opt, batch, algo(reduction))
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def rank_main(rank: int, world: int, init_method: str, reduction: str, lstm: bool, out) -> None:
+    rdv = distributed.Rendezvous(rank, world, init_method)
+    device = torch.device("cpu")
+    distributed.join_group(rdv, device, timeout_s=60)
+    try:
+        model = fresh_model(lstm)
+        with torch.no_grad():  # a different start on rank 1: DDP must broadcast rank 0's
+            for p in model.parameters():
+                p.add_(rank)
+        opt = make_optimizer(model, algo(reduction))
+        ddp = distributed.wrap(model, device)
+        cfg = Config(env=EnvCfg(id="CartPole-v1"), unroll_length=T, batch_size=B)
+        cfg.model = ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm)
+        shapes = distributed.share_shapes(cfg, distributed_spec(), world)
+        scatter = distributed.BatchScatter(shapes, world, device)
+        for step in range(STEPS):
+            go = scatter.signal(go=True)
+            assert go
+            full = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
+            share = scatter.scatter(full if rank == 0 else None)
+            scale = distributed.loss_scale(share, reduction)
+            train_step(ddp, opt, share, algo(reduction), grad_scale=scale)
+        assert not scatter.signal(go=False)
+        if rank == 0:
+            out.put([p.detach().numpy().copy() for p in model.parameters()])  # by value
+    finally:
+        distributed.leave_group()
+
+
+def distributed_spec():
+    from impala_gpu.envs import env_spec
+
+    return env_spec(EnvCfg(id="CartPole-v1"))
+
+
+@pytest.mark.parametrize("reduction,lstm", [("mean", False), ("sum", False), ("mean", True)])
+def test_two_learners_at_half_batch_make_one_learners_update(reduction, lstm):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    rdv = distributed.local_rendezvous(2)
+    procs = [
+        ctx.Process(target=rank_main, args=(r, 2, rdv.init_method, reduction, lstm, out))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = out.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    want = one_learner(reduction, lstm)
+    moved = [w - p0.detach() for w, p0 in zip(want, fresh_model(lstm).parameters(), strict=True)]
+    assert max(float(m.abs().max()) for m in moved) > 1e-3, "the updates did not move anything"
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.from_numpy(g), w, rtol=1e-4, atol=1e-5)
+
+
+def test_learners_must_split_the_batch():
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), num_actors=1, envs_per_actor=2, precision="fp32")
+    cfg.batch_size, cfg.learners = 6, 4
+    with pytest.raises(ConfigError, match="batch_size=4"):
+        validate_config(cfg)
+    a2c = copy.deepcopy(cfg)
+    a2c.batch_size, a2c.algo = 8, AlgoCfg(name="a2c")
+    with pytest.raises(ConfigError, match="only IMPALA"):
+        validate_config(a2c)
+
+
+@pytest.mark.slow
+def test_cartpole_trains_with_two_learners(tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli(
+        run_dir,
+        "experiment=cartpole_impala",
+        "learners=2",
+        "precision=fp32",
+        "total_frames=60000",
+        "log_interval_s=1",
+    )
+    metrics = read_metrics(run_dir)
+    assert metrics[-1]["frames"] >= 60_000
+    assert metrics[-1]["episode_return"] > 22, "no learning at all with two learners"
