@@ -72,8 +72,12 @@ def run(dcfg: DictConfig) -> float:
         dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
-    cfg = apply_auto(cfg, run_dir)  # config.yaml records what auto chose
-    save_config(cfg, run_dir)
+    from impala_gpu.learning.distributed import torchrun_rendezvous
+
+    rank = torchrun_rendezvous()
+    if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
+        cfg = apply_auto(cfg, run_dir)  # config.yaml records what auto chose
+        save_config(cfg, run_dir)
     algos = algo_registry()
     if cfg.algo.name not in algos:
         raise ValueError(f"algo.name={cfg.algo.name!r} is not one of {sorted(algos)}.")

@@ -59,12 +59,12 @@ from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with IMPALA (or resume, when ``cfg.resume`` names a checkpoint). Returns the last
     logged metrics."""
-    cfg = apply_auto(cfg, run_dir)
-    validate_config(cfg)
     rdv = distributed.rendezvous(cfg)
     if rdv is not None and not rdv.leader:
         distributed.follower_main(rdv, cfg)  # a torchrun rank > 0: trains on its shares only
         return {}
+    cfg = apply_auto(cfg, run_dir)
+    validate_config(cfg)
     device = resolve_device(cfg.device)
     if rdv is not None:
         device = distributed.learner_device(device, rdv.rank)

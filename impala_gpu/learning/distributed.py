@@ -208,6 +208,7 @@ class DataParallel:
         self.rdv, self.device = rdv, device
         self.followers = spawn_followers(rdv, cfg) if rdv.init_method != "env://" else []
         join_group(rdv, device, cfg.learner_timeout_s)
+        dist.broadcast_object_list([cfg], src=0)  # the resolved config (auto) for every rank
         self.model = wrap(learner.model, device)
         sync_optimizer_state(learner.optimizer, learner.scheduler, device)
         self.scatter = BatchScatter(share_shapes(cfg, spec, rdv.world), rdv.world, device)
@@ -269,16 +270,20 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
 
     if spawned:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 coordinates shutdown
-    spec = env_spec(cfg.env)
     device = learner_device(resolve_device(cfg.device), rdv.rank)
-    threads = cfg.learner_threads or default_learner_threads(
-        device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
-    )
-    torch.set_num_threads(max(1, threads // rdv.world))
-    torch.manual_seed(cfg.seed)
-    learner = build_learner(cfg, spec, device)
     join_group(rdv, device, cfg.learner_timeout_s)
     try:
+        # Rank 0's resolved config: under torchrun this rank never resolved `auto` itself.
+        box: list = [None]
+        dist.broadcast_object_list(box, src=0)
+        cfg = box[0]
+        spec = env_spec(cfg.env)
+        threads = cfg.learner_threads or default_learner_threads(
+            device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
+        )
+        torch.set_num_threads(max(1, threads // rdv.world))
+        torch.manual_seed(cfg.seed)
+        learner = build_learner(cfg, spec, device)
         model = wrap(learner.model, device)
         sync_optimizer_state(learner.optimizer, learner.scheduler, device)
         scatter = BatchScatter(share_shapes(cfg, spec, rdv.world), rdv.world, device)
