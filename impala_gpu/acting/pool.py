@@ -60,6 +60,22 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def check_restart_budget(cfg: Config, actor: int, cause: str, restarts: int) -> None:
+    """Stop the run once replacements pass ``max_actor_restarts``: a crash loop."""
+    if restarts > cfg.max_actor_restarts:
+        raise RuntimeError(
+            f"actor-{actor} {cause}: that is restart {restarts}, over max_actor_restarts="
+            f"{cfg.max_actor_restarts}; the actors are crash-looping, stopping the run. "
+            "Fix: see the causes in events.jsonl; raise max_actor_restarts if they are rare."
+        )
+
+
+def replacement_seed(cfg: Config, seed_salt: int, restarts: int) -> int:
+    """A fresh seed for the ``restarts``-th replacement: it must not replay its predecessor's
+    trajectories (nor, after a resume, the first life's)."""
+    return derive_seeds(cfg.seed, 1, salt=10_000 + seed_salt * 1_000 + restarts)[0]
+
+
 class ActorPool:
     def __init__(
         self,
@@ -156,16 +172,9 @@ class ActorPool:
                 "can't survive a restart. Fix: rerun, or drop bounded_lag for fault tolerance."
             )
         self.restarts += 1
-        if self.restarts > self.cfg.max_actor_restarts:
-            raise RuntimeError(
-                f"actor-{i} {cause}: that is restart {self.restarts}, over max_actor_restarts="
-                f"{self.cfg.max_actor_restarts}; the actors are crash-looping, stopping the run. "
-                "Fix: see the causes in events.jsonl; raise max_actor_restarts if they are rare."
-            )
+        check_restart_budget(self.cfg, i, cause, self.restarts)
         reclaimed = self.slots.reclaim(i, self.ctx.Queue(), self.ctx.Queue())
-        seed = derive_seeds(self.cfg.seed, 1, salt=10_000 + self.seed_salt * 1_000 + self.restarts)[
-            0
-        ]
+        seed = replacement_seed(self.cfg, self.seed_salt, self.restarts)
         self._spawn(i, seed)
         self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, UNROLLS]))
         self.on_event(

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from impala_gpu.acting.actor import HEARTBEAT_NS, IDLE_NS, STEPS, UNROLLS, ActorHandles
-from impala_gpu.acting.pool import STARTUP_GRACE_S
+from impala_gpu.acting.pool import STARTUP_GRACE_S, check_restart_budget, replacement_seed
 from impala_gpu.acting.rollout import EnvStepper, record_unroll, sample_action, stamp_unroll
 from impala_gpu.channels.params import flat_parameters, load_flat_into
 from impala_gpu.channels.ring import RingSpec, SlotManager, numpy_to_torch_dtype
@@ -252,12 +252,7 @@ class RayActorPool:
 
         t0 = time.monotonic()
         self.restarts += 1
-        if self.restarts > self.cfg.max_actor_restarts:
-            raise RuntimeError(
-                f"actor-{i} {cause}: that is restart {self.restarts}, over max_actor_restarts="
-                f"{self.cfg.max_actor_restarts}; the actors are crash-looping, stopping the run. "
-                "Fix: see the causes in events.jsonl; raise max_actor_restarts if they are rare."
-            )
+        check_restart_budget(self.cfg, i, cause, self.restarts)
         slot = self.actors[i]
         old = slot.handle
         with self.lock:
@@ -265,10 +260,7 @@ class RayActorPool:
             slot.inflight.clear()
             slot.generation += 1
             self.unrolls_dropped += dropped
-            seed = derive_seeds(
-                self.cfg.seed, 1, salt=10_000 + self.seed_salt * 1_000 + self.restarts
-            )[0]
-            self._spawn(i, seed)
+            self._spawn(i, replacement_seed(self.cfg, self.seed_salt, self.restarts))
         ray.kill(old, no_restart=True)
         self.on_event(
             {
