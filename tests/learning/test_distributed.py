@@ -47,33 +47,42 @@ def one_learner(reduction: str, lstm: bool) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def rank_main(rank: int, world: int, init_method: str, reduction: str, lstm: bool, out) -> None:
+CASES = [("mean", False), ("sum", False), ("mean", True)]
+
+
+def rank_main(rank: int, world: int, init_method: str, out) -> None:
+    """One learner rank: every case in turn (one process group, so the suite pays one spawn)."""
     rdv = distributed.Rendezvous(rank, world, init_method)
     device = torch.device("cpu")
     distributed.join_group(rdv, device, timeout_s=60)
     try:
-        model = fresh_model(lstm)
-        with torch.no_grad():  # a different start on rank 1: DDP must broadcast rank 0's
-            for p in model.parameters():
-                p.add_(rank)
-        opt = make_optimizer(model, algo(reduction))
-        ddp = distributed.wrap(model, device)
-        cfg = Config(env=EnvCfg(id="CartPole-v1"), unroll_length=T, batch_size=B)
-        cfg.model = ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm)
-        shapes = distributed.share_shapes(cfg, distributed_spec(), world)
-        scatter = distributed.BatchScatter(shapes, world, device)
-        for step in range(STEPS):
-            go = scatter.signal(go=True)
-            assert go
-            full = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
-            share = scatter.scatter(full if rank == 0 else None)
-            scale = distributed.loss_scale(share, reduction)
-            train_step(ddp, opt, share, algo(reduction), grad_scale=scale)
-        assert not scatter.signal(go=False)
-        if rank == 0:
-            out.put([p.detach().numpy().copy() for p in model.parameters()])  # by value
+        for reduction, lstm in CASES:
+            params = train_as_rank(rank, world, device, reduction, lstm)
+            if rank == 0:
+                out.put(params)
     finally:
         distributed.leave_group()
+
+
+def train_as_rank(rank: int, world: int, device, reduction: str, lstm: bool) -> list:
+    model = fresh_model(lstm)
+    with torch.no_grad():  # a different start on rank 1: DDP must broadcast rank 0's
+        for p in model.parameters():
+            p.add_(rank)
+    opt = make_optimizer(model, algo(reduction))
+    ddp = distributed.wrap(model, device)
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), unroll_length=T, batch_size=B)
+    cfg.model = ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm)
+    shapes = distributed.share_shapes(cfg, distributed_spec(), world)
+    scatter = distributed.BatchScatter(shapes, world, device)
+    for step in range(STEPS):
+        assert scatter.signal(go=True)
+        full = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
+        share = scatter.scatter(full if rank == 0 else None)
+        scale = distributed.loss_scale(share, reduction)
+        train_step(ddp, opt, share, algo(reduction), grad_scale=scale)
+    assert not scatter.signal(go=False)
+    return [p.detach().numpy().copy() for p in model.parameters()]  # by value
 
 
 def distributed_spec():
@@ -82,28 +91,28 @@ def distributed_spec():
     return env_spec(EnvCfg(id="CartPole-v1"))
 
 
-@pytest.mark.parametrize("reduction,lstm", [("mean", False), ("sum", False), ("mean", True)])
-def test_two_learners_at_half_batch_make_one_learners_update(reduction, lstm):
+def test_two_learners_at_half_batch_make_one_learners_update():
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     rdv = distributed.local_rendezvous(2)
-    procs = [
-        ctx.Process(target=rank_main, args=(r, 2, rdv.init_method, reduction, lstm, out))
-        for r in range(2)
-    ]
+    procs = [ctx.Process(target=rank_main, args=(r, 2, rdv.init_method, out)) for r in range(2)]
     for p in procs:
         p.start()
     try:
-        got = out.get(timeout=120)
+        got = [out.get(timeout=120) for _ in CASES]
     finally:
         for p in procs:
             p.join(timeout=60)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    want = one_learner(reduction, lstm)
-    moved = [w - p0.detach() for w, p0 in zip(want, fresh_model(lstm).parameters(), strict=True)]
-    assert max(float(m.abs().max()) for m in moved) > 1e-3, "the updates did not move anything"
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(torch.from_numpy(g), w, rtol=1e-4, atol=1e-5)
+    for (reduction, lstm), params in zip(CASES, got, strict=True):
+        want = one_learner(reduction, lstm)
+        start = list(fresh_model(lstm).parameters())
+        moved = max(float((w - s.detach()).abs().max()) for w, s in zip(want, start, strict=True))
+        assert moved > 1e-3, "the updates did not move anything"
+        for g, w in zip(params, want, strict=True):
+            torch.testing.assert_close(
+                torch.from_numpy(g), w, rtol=1e-4, atol=1e-5, msg=f"{reduction}, lstm={lstm}"
+            )
 
 
 def test_learners_must_split_the_batch():
