@@ -115,11 +115,37 @@ def connect(cfg: Config) -> bool:
     if cfg.ray.node_ip_address:
         kwargs["_node_ip_address"] = cfg.ray.node_ip_address
     if cfg.ray.address:
-        ray.init(address=cfg.ray.address, **kwargs)
+        _probe(cfg.ray.address)
+        try:
+            ray.init(address=cfg.ray.address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise RuntimeError(
+                f"runtime=ray could not join the Ray cluster at ray.address={cfg.ray.address!r}: "
+                f"{str(e).strip().splitlines()[0]} Fix: check the address with `ray status` on "
+                "the head; export the head's RAY_AUTH_MODE (token) here too; or ray.address=null "
+                "to start Ray on this machine."
+            ) from e
     else:
         cpus = max(os.cpu_count() or 1, math.ceil(cfg.num_actors * cfg.ray.num_cpus_per_actor))
         ray.init(num_cpus=cpus, object_store_memory=cfg.ray.object_store_mb << 20, **kwargs)
     return True
+
+
+def _probe(address: str, timeout_s: float = 10.0) -> None:
+    """Fail at once on a head nobody answers at (``ray.init`` would retry for minutes)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", "ray://...": Ray resolves those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RuntimeError(
+            f"runtime=ray: nothing answers at ray.address={address!r} ({e}). Fix: start the head "
+            "(`ray start --head --port=...`) or correct the address; ray.address=null starts "
+            "Ray on this machine."
+        ) from None
 
 
 @dataclass

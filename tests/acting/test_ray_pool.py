@@ -50,8 +50,8 @@ def weights(model, version: int) -> torch.Tensor:
     return torch.randn(flat_parameters(model).numel(), generator=g) * 0.5
 
 
-@pytest.fixture(scope="module")
-def local_ray():
+@pytest.fixture
+def local_ray():  # per test: later tests check how Ray starts, so none may be left up
     ray.init(num_cpus=1, object_store_memory=100 << 20, include_dashboard=False)
     yield
     ray.shutdown()
@@ -114,6 +114,17 @@ def test_runtime_ray_checks_its_config(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[ray\]"'):
         validate_runtime(small_cfg())
+
+
+def test_an_unreachable_cluster_fails_at_once_with_the_fix():
+    from impala_gpu.acting.ray_pool import connect
+
+    cfg = small_cfg()
+    cfg.ray.address = "127.0.0.9:1"  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"nothing answers at ray.address='127.0.0.9:1'"):
+        connect(cfg)
+    assert time.monotonic() - t0 < 15 and not ray.is_initialized()
 
 
 def test_runtime_ray_is_for_impala_only():
