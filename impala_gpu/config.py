@@ -58,7 +58,8 @@ class AlgoCfg:
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
     optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam
     learning_rate: float = 6e-4  # initial learning rate
-    lr_schedule: str = "linear"  # linear decay to 0 over total_frames | constant
+    lr_schedule: str = "linear"  # linear decay to 0 over lr_decay_frames | constant
+    lr_decay_frames: int = 0  # linear: frames to decay over (0: total_frames, the paper's)
     rmsprop_alpha: float = 0.99  # RMSprop smoothing constant
     rmsprop_eps: float = 0.01  # RMSprop epsilon (outside the sqrt in rmsprop, inside in _tf)
     rmsprop_momentum: float = 0.0  # RMSprop momentum

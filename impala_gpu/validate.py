@@ -165,6 +165,10 @@ def validate_config(cfg: Config) -> None:
         ("algo.reduction", algo.reduction, ("sum", "mean")),
     ):
         _require(value in allowed, f"{key}={value!r} is not one of {allowed}.")
+    _require(
+        algo.lr_decay_frames >= 0,
+        f"algo.lr_decay_frames={algo.lr_decay_frames} must be >= 0 (0: decay over total_frames).",
+    )
     try:
         correction_name(algo.correction)
     except ValueError as e:

@@ -46,14 +46,16 @@ def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
 
 def lr_factor(cfg: Config, frames: int) -> float:
     """The learning rate's multiplier after ``frames`` frames: linear decay to 0 over
-    ``total_frames`` (the paper), or 1 for a constant schedule."""
+    ``algo.lr_decay_frames`` (0: over ``total_frames``, the paper's, which ties the schedule
+    to the budget), or 1 for a constant schedule."""
     if cfg.algo.lr_schedule == "constant":
         return 1.0
     if cfg.algo.lr_schedule != "linear":
         raise ValueError(
             f"algo.lr_schedule={cfg.algo.lr_schedule!r} is not 'linear' or 'constant'."
         )
-    return max(0.0, 1.0 - frames / max(1, cfg.total_frames))
+    horizon = cfg.algo.lr_decay_frames or cfg.total_frames
+    return max(0.0, 1.0 - frames / max(1, horizon))
 
 
 def make_lr_scheduler(
