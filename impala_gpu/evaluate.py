@@ -121,6 +121,13 @@ def play(model, cfg: Config, ev: EvalCfg, video_dir: Path | None = None) -> list
                 truncated = bool(trunc[0]) or (ev.max_steps > 0 and steps >= ev.max_steps)
                 done = bool(term[0]) or truncated
             results.append({"episode": ep, "return": ret, "length": steps, "truncated": truncated})
+            cut = " (truncated at max_steps)" if truncated else ""
+            print(  # a game of Pong is thousands of steps: say where we are
+                f"impala_gpu.evaluate: game {ep + 1}/{ev.episodes}: return {ret:g}, "
+                f"{steps:,} steps{cut}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         env.close()
     return results
