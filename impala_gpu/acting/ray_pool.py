@@ -34,7 +34,7 @@ from impala_gpu.acting.actor import HEARTBEAT_NS, IDLE_NS, STEPS, UNROLLS, Actor
 from impala_gpu.acting.pool import STARTUP_GRACE_S, check_restart_budget, replacement_seed
 from impala_gpu.acting.rollout import EnvStepper, record_unroll, sample_action, stamp_unroll
 from impala_gpu.channels.params import flat_parameters, load_flat_into
-from impala_gpu.channels.ring import RingSpec, SlotManager, numpy_to_torch_dtype
+from impala_gpu.channels.ring import RingSpec, SlotManager, ring_spec
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env
 from impala_gpu.models import build_model
@@ -43,14 +43,7 @@ from impala_gpu.reporting.telemetry import Telemetry
 
 def unroll_spec(cfg: Config, spec: EnvSpec) -> RingSpec:
     """The layout of one actor's unroll: a ring of ``E`` slots, one per env."""
-    return RingSpec(
-        num_slots=cfg.envs_per_actor,
-        unroll_length=cfg.unroll_length,
-        obs_shape=spec.obs_shape,
-        obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
-        num_actions=spec.num_actions,
-        lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
-    )
+    return ring_spec(cfg, spec, num_slots=cfg.envs_per_actor)
 
 
 class RolloutWorker:
@@ -182,7 +175,6 @@ class RayActorPool:
         self.lock = threading.Lock()
         self.restarts = 0
         self.unrolls_dropped = 0
-        self.weight_puts = 0
         self.failures: queue.Queue = queue.Queue()  # (actor, generation, cause), feeder -> main
         self.notices: queue.Queue = queue.Queue()  # events the feeder saw, logged by the main
         self.games: queue.Queue = queue.Queue()
@@ -342,7 +334,6 @@ class RayActorPool:
         version = params.try_read(self.flat)
         if version is not None:
             self.weights = (version, ray.put(self.flat.numpy()))
-            self.weight_puts += 1
 
     def _submit(self) -> None:
         if self.weights is None:

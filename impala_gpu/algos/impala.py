@@ -24,7 +24,7 @@ from impala_gpu.acting.actor import IDLE_NS, STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool
 from impala_gpu.calibration import apply_auto, measured_alternatives
 from impala_gpu.channels.params import ParamStore
-from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
 from impala_gpu.config import Config, fresh_batch_size, to_container
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
@@ -127,14 +127,7 @@ class DataPath:
         state = learner.state
         ctx = mp.get_context(cfg.start_method)
         ring = TrajectoryRing(
-            RingSpec(
-                num_slots=resolve_num_slots(cfg),
-                unroll_length=cfg.unroll_length,
-                obs_shape=spec.obs_shape,
-                obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
-                num_actions=spec.num_actions,
-                lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
-            ),
+            ring_spec(cfg, spec, num_slots=resolve_num_slots(cfg)),
             cfg.num_actors,
             ctx,
         )

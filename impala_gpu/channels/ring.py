@@ -90,6 +90,19 @@ def numpy_to_torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
+def ring_spec(cfg, spec, num_slots: int) -> RingSpec:
+    """The ring layout of a run (``cfg``: its Config, ``spec``: its EnvSpec) with ``num_slots``
+    slots: the learner's ring, or one actor's unroll of E slots (``runtime=ray``)."""
+    return RingSpec(
+        num_slots=num_slots,
+        unroll_length=cfg.unroll_length,
+        obs_shape=spec.obs_shape,
+        obs_dtype=numpy_to_torch_dtype(spec.obs_dtype),
+        num_actions=spec.num_actions,
+        lstm_size=cfg.model.lstm_size if cfg.model.use_lstm else 0,
+    )
+
+
 class TrajectoryRing:
     """The ring's tensors and its index queues. Picklable to spawn/forkserver children.
 
