@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,11 +113,13 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     logger = MetricsLogger(run_dir, cfg, sweep)
     path = Path(run_dir) / "model.pt"
     try:
-        for p in workers:
-            p.start()
         try:
+            # Inside the handler: a Ctrl-C while the workers spawn must also stop them and save.
+            for p in workers:
+                p.start()
             last = monitor(cfg, spec, handles, workers, logger)
         except KeyboardInterrupt:
+            print("interrupted: stopping workers, saving weights", file=sys.stderr, flush=True)
             # Stop the workers first: they must not write the weights while we copy them.
             stop_workers(workers, handles)
             save_weights(shared_model, path)  # Ctrl-C keeps the work done so far
@@ -372,9 +375,6 @@ def monitor(
             _check_workers(workers)  # also at the end: a crash is no clean finish
             if done:
                 return m
-    except KeyboardInterrupt:
-        bar.note("interrupted: stopping workers, saving weights")
-        raise
     finally:
         bar.close()
 
