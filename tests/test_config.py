@@ -93,10 +93,12 @@ def test_compose_default(hydra_compose):
 
 
 def _experiment_values(name: str) -> dict:
-    """The keys an experiment file sets (without its defaults list), as a nested dict."""
-    values = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "experiment" / f"{name}.yaml"))
-    values.pop("defaults", None)
-    return values
+    """The keys an experiment file sets, merged over those of the experiments it lists in its
+    defaults (other entries there, like ``override /env``, are config groups), as a nested dict."""
+    own = OmegaConf.load(Path(CONF_DIR) / "experiment" / f"{name}.yaml")
+    parents = [d for d in own.pop("defaults", []) if isinstance(d, str) and not d.startswith("/")]
+    merged = OmegaConf.merge(*(_experiment_values(p) for p in parents), own)
+    return OmegaConf.to_container(merged)
 
 
 def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
