@@ -33,6 +33,7 @@ from impala_gpu.validate import ConfigError
 class EvalCfg:
     checkpoint: str = MISSING  # a run dir (its latest checkpoint) or a .pt checkpoint file
     episodes: int = 10  # full games to play
+    envs: int = 8  # games played at once, one batched forward pass per step (1 with video)
     greedy: bool = False  # argmax actions instead of sampling from the policy
     video: bool = False  # record mp4s with gymnasium's RecordVideo into <run_dir>/videos
     seed: int = 12345  # env and sampling seed
@@ -55,9 +56,9 @@ def load_policy(path: Path, device: str = "cpu") -> tuple[torch.nn.Module, Confi
     return model.to(device).eval(), cfg
 
 
-def make_eval_env(cfg: Config, video_dir: Path | None = None):
+def make_eval_env(cfg: Config, video_dir: Path | None = None, num_envs: int = 1):
     """The actors' env stack (``make_vector_env``: same backend, FIRE reset, no-ops, padding,
-    frame stack) with one env, playing full games: a life loss ends no episode.
+    frame stack) with ``num_envs`` envs, playing full games: a life loss ends no episode.
 
     ale-py's vector env cannot render, so a video run plays on the gymnasium backend, which
     plays the same game (its first observation and steps match the ale backend's exactly for
@@ -80,7 +81,7 @@ def make_eval_env(cfg: Config, video_dir: Path | None = None):
 
     return make_vector_env(
         env_cfg,
-        1,
+        num_envs,
         full_games=True,
         render_mode="rgb_array" if video_dir is not None else None,
         wrap_env=wrap,
@@ -88,52 +89,83 @@ def make_eval_env(cfg: Config, video_dir: Path | None = None):
 
 
 def play(model, cfg: Config, ev: EvalCfg, video_dir: Path | None = None) -> list[dict[str, Any]]:
-    """Play ``ev.episodes`` full games; returns one dict per episode (raw return, length)."""
-    env = make_eval_env(cfg, video_dir)
-    gen = torch.Generator().manual_seed(ev.seed)
-    device = next(model.parameters()).device
-    # The LSTM state is carried over the whole game, except where training reset it: at the
-    # start of each life with episodic_life.
-    reset_core_on_life_loss = cfg.env.episodic_life
-    results = []
+    """Play ``ev.episodes`` full games, ``ev.envs`` at a time; returns one dict per episode
+    (raw return, length), in episode order.
+
+    Game ``ep`` is reset with seed ``ev.seed + ep`` and samples its actions from its own
+    generator, so a game plays the same however many are played beside it."""
+    num_envs = 1 if video_dir is not None else max(1, min(ev.envs, ev.episodes))
+    env = make_eval_env(cfg, video_dir, num_envs)
+    results: list[dict[str, Any]] = []
     try:
-        for ep in range(ev.episodes):
-            obs, _ = reset_vector_env(env, [ev.seed + ep])
-            state = model.initial_state(1, device)
-            first = torch.ones(1, 1, dtype=torch.bool, device=device)
-            ret, steps, done, truncated, life_lost = 0.0, 0, False, False, False
-            while not done:
-                x = torch.as_tensor(np.asarray(obs), device=device)[None]
-                with torch.no_grad():
-                    out = model(x, first, state)
-                state = out.core_state
-                logits = out.logits[0, 0].float().cpu()
-                if ev.greedy:
-                    action = int(logits.argmax())
-                else:
-                    action = int(torch.multinomial(logits.softmax(-1), 1, generator=gen))
-                obs, reward, term, trunc, info = env.step(np.array([action], dtype=np.int64))
-                ret += float(reward[0])
-                steps += 1
-                # As in training: the observation after a life-loss step starts a new life.
-                first = torch.full_like(first, reset_core_on_life_loss and life_lost)
-                life_lost = bool(np.asarray(info.get("life_loss", [False]))[0])
-                truncated = bool(trunc[0]) or (ev.max_steps > 0 and steps >= ev.max_steps)
-                done = bool(term[0]) or truncated
-            results.append({"episode": ep, "return": ret, "length": steps, "truncated": truncated})
-            cut = " (truncated at max_steps)" if truncated else ""
-            print(  # a game of Pong is thousands of steps: say where we are
-                f"impala_gpu.evaluate: game {ep + 1}/{ev.episodes}: return {ret:g}, "
-                f"{steps:,} steps{cut}",
-                file=sys.stderr,
-                flush=True,
-            )
+        for first_ep in range(0, ev.episodes, num_envs):
+            games = range(first_ep, min(first_ep + num_envs, ev.episodes))
+            results += play_wave(model, cfg, ev, env, list(games))
     finally:
         env.close()
     return results
 
 
+def play_wave(model, cfg: Config, ev: EvalCfg, env, games: list[int]) -> list[dict[str, Any]]:
+    """Play the games numbered ``games`` at once, one per env (envs beyond them idle)."""
+    n = env.num_envs
+    seeds = [ev.seed + games[0] + i for i in range(n)]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    device = next(model.parameters()).device
+    obs, _ = reset_vector_env(env, seeds)
+    state = model.initial_state(n, device)
+    first = torch.ones(1, n, dtype=torch.bool, device=device)
+    # The LSTM state is carried over the whole game, except where training reset it: at the
+    # start of each life with episodic_life.
+    reset_core_on_life_loss = cfg.env.episodic_life
+    ret, steps = np.zeros(n), np.zeros(n, dtype=np.int64)
+    playing = np.arange(n) < len(games)
+    life_lost = np.zeros(n, dtype=bool)
+    results = []
+    while playing.any():
+        x = torch.as_tensor(np.asarray(obs), device=device)[None]
+        with torch.no_grad():
+            out = model(x, first, state)
+        state = out.core_state
+        logits = out.logits[0].float().cpu()  # [n, A]
+        if ev.greedy:
+            actions = logits.argmax(-1).numpy()
+        else:
+            probs = logits.softmax(-1)
+            actions = np.array(
+                [int(torch.multinomial(probs[i], 1, generator=gens[i])) for i in range(n)]
+            )
+        obs, reward, term, trunc, info = env.step(actions.astype(np.int64))
+        ret += np.where(playing, reward, 0.0)
+        steps += playing
+        # As in training: the observation after a life-loss step starts a new life.
+        first = torch.as_tensor(reset_core_on_life_loss & life_lost, device=device)[None]
+        life_lost = np.asarray(info.get("life_loss", np.zeros(n, dtype=bool)), dtype=bool)
+        truncated = np.asarray(trunc, dtype=bool) | ((ev.max_steps > 0) & (steps >= ev.max_steps))
+        for i in np.flatnonzero(playing & (np.asarray(term, dtype=bool) | truncated)):
+            playing[i] = False  # its env autoresets and plays on unwatched
+            results.append(
+                {
+                    "episode": games[i],
+                    "return": float(ret[i]),
+                    "length": int(steps[i]),
+                    "truncated": bool(truncated[i]),
+                }
+            )
+            cut = " (truncated at max_steps)" if truncated[i] else ""
+            print(  # a game of Pong is thousands of steps: say where we are
+                f"impala_gpu.evaluate: game {games[i] + 1}/{ev.episodes}: return {ret[i]:g}, "
+                f"{steps[i]:,} steps{cut}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return sorted(results, key=lambda r: r["episode"])
+
+
 def evaluate(ev: EvalCfg) -> dict[str, Any]:
+    for name in ("episodes", "envs"):
+        if getattr(ev, name) < 1:
+            raise ConfigError(f"{name}={getattr(ev, name)}: must be at least 1.")
     path = resolve_checkpoint(ev.checkpoint)
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     model, cfg = load_policy(path)

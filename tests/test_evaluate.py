@@ -42,6 +42,17 @@ def test_cartpole_greedy_and_sampled_with_lstm(tmp_path):
     assert again["per_episode"] == greedy["per_episode"], "same seed, same games"
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_games_play_the_same_however_many_run_at_once(tmp_path, greedy):
+    make_checkpoint(tmp_path)
+    args = [f"checkpoint={tmp_path}", "episodes=5", f"greedy={greedy}"]
+    alone = main([*args, "envs=1"])["per_episode"]
+    batched = main([*args, "envs=3"])["per_episode"]  # a wave of 3, then 2 (one env idle)
+    assert [e["episode"] for e in batched] == [0, 1, 2, 3, 4]
+    assert batched == alone
+    assert len({e["length"] for e in alone}) > 1, "five identical games test nothing"
+
+
 def test_pong_video_is_recorded(tmp_path):
     pytest.importorskip("moviepy")
     make_checkpoint(tmp_path, env_id="ALE/Pong-v5", model=ModelCfg(name="shallow"))
@@ -60,6 +71,8 @@ def test_bad_inputs_fail_clearly(tmp_path):
     torch.save({"weights": 1}, bogus)
     with pytest.raises(ConfigError, match="not an impala_gpu checkpoint"):
         main([f"checkpoint={bogus}"])
+    with pytest.raises(ConfigError, match="envs=0: must be at least 1"):
+        main([f"checkpoint={bogus}", "envs=0"])
 
 
 @pytest.mark.parametrize("backend", ["auto", "gymnasium"])
