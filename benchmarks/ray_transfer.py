@@ -155,10 +155,12 @@ def main() -> None:
     ap.add_argument("--name", default="ray_transfer")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args()
+    # Ray reads RAY_AUTH_MODE when it is imported: set it first, or ray.init joins the
+    # token-auth cluster with auth disabled and is refused.
+    os.environ["RAY_AUTH_MODE"] = "token"
     import ray
 
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    os.environ["RAY_AUTH_MODE"] = "token"
+    env = dict(os.environ)
     start_cluster(env)
     results = []
     try:
