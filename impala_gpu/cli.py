@@ -17,7 +17,15 @@ from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, register_configs, save_config
 from impala_gpu.reporting.checkpoint import resolve_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
-from impala_gpu.sweep import LAST_SWEEP_FAILURES, record_failure
+from impala_gpu.sweep import (
+    DONE_FILE,
+    LAST_SWEEP_FAILURES,
+    SUPERSEDED,
+    finished_point,
+    mark_finished,
+    record_failure,
+    set_aside_unfinished,
+)
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -72,6 +80,13 @@ def run(dcfg: DictConfig) -> float:
         dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
+    if sweep and not cfg.resume:
+        done = finished_point(run_dir)
+        if done is not None:
+            _say_sweep(sweep, f"already finished in {run_dir} ({DONE_FILE}); skipped")
+            return float(done["objective"])
+        if set_aside_unfinished(run_dir):
+            _say_sweep(sweep, f"an earlier attempt did not finish; its files are *{SUPERSEDED}")
     from impala_gpu.learning.distributed import torchrun_rendezvous
 
     rank = torchrun_rendezvous()
@@ -91,7 +106,14 @@ def run(dcfg: DictConfig) -> float:
         record_failure(run_dir, sweep.get("name", ""), e)
         return float("-inf")
     ret = last.get("episode_return", float("nan"))
-    return ret if isinstance(ret, float) and math.isfinite(ret) else float("-inf")
+    objective = ret if isinstance(ret, float) and math.isfinite(ret) else float("-inf")
+    if sweep:
+        mark_finished(run_dir, objective, last)  # rerunning the sweep into its dir skips it
+    return objective
+
+
+def _say_sweep(sweep: dict[str, Any], text: str) -> None:
+    print(f"impala_gpu: sweep point [{sweep.get('name', '')}] {text}", file=sys.stderr, flush=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

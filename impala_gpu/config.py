@@ -40,6 +40,7 @@ class ModelCfg:
     lstm_size: int = 256  # LSTM hidden size
     channels_last: bool = True  # CNNs: NHWC memory format (1.3-1.4x end to end on CPU here)
     init: str = "torch"  # torch (layer defaults) | orthogonal (gain sqrt2; heads 0.01, 1; bias 0)
+    separate_value: bool = False  # the value head gets its own torso (SB3's MlpPolicy); no LSTM
 
 
 @dataclass

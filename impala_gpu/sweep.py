@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -54,3 +55,35 @@ class SweepReport(Callback):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+DONE_FILE = "done.json"  # a finished sweep point: rerunning the sweep into its dir skips it
+SUPERSEDED = ".interrupted"  # suffix for what an unfinished earlier attempt left
+
+
+def finished_point(run_dir: str | Path) -> dict[str, Any] | None:
+    """What a finished sweep point recorded (``mark_finished``), or None if it did not finish."""
+    path = Path(run_dir) / DONE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def mark_finished(run_dir: str | Path, objective: float, last: dict[str, Any]) -> None:
+    """Record that this sweep point ran to the end (its objective and its last metrics)."""
+    path = Path(run_dir) / DONE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keep = {k: v for k, v in last.items() if isinstance(v, int | float | str | bool)}
+    path.write_text(json.dumps({"objective": objective, "last": keep}, allow_nan=True))
+
+
+def set_aside_unfinished(run_dir: str | Path) -> list[Path]:
+    """An earlier attempt at this point stopped before the end (Ctrl-C, SIGTERM, a session
+    limit): rename its metrics and events (``*.interrupted``) so the new attempt starts clean
+    and nothing is deleted. Returns the renamed files."""
+    moved = []
+    for name in ("metrics.jsonl", "events.jsonl", ERROR_FILE):
+        path = Path(run_dir) / name
+        if path.is_file():
+            target = path.with_name(path.name + SUPERSEDED)
+            path.replace(target)
+            moved.append(target)
+    return moved

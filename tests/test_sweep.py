@@ -11,7 +11,7 @@ import pytest
 
 from impala_gpu.config import Config, EnvCfg, WandbCfg
 from impala_gpu.reporting import logger as logger_mod
-from impala_gpu.sweep import failed_points, record_failure
+from impala_gpu.sweep import DONE_FILE, failed_points, finished_point, record_failure
 
 TINY = [
     "env=cartpole",
@@ -58,6 +58,39 @@ def test_sweep_runs_every_point_and_reports_the_failed_one(tmp_path):
         assert "num_slots=3" in (p / "error.txt").read_text()
     assert "2 sweep point(s) failed" in proc.stderr
     assert "FAILED: ConfigError" in proc.stderr
+
+
+def _sweep(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "impala_gpu", "-m", *args, *TINY]
+    return subprocess.run(
+        [*cmd, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=sweep_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_rerunning_a_sweep_skips_finished_points_and_redoes_unfinished_ones(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    first = _sweep(sweep_dir, "seed=0,1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    done, undone = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    assert finished_point(done)["last"]["frames"] >= 2000
+    kept = (done / "metrics.jsonl").read_text()
+    # As if the session ended inside the second point: no done.json, a partial metrics file.
+    (undone / DONE_FILE).unlink()
+    partial = (undone / "metrics.jsonl").read_text().splitlines()[0]
+    (undone / "metrics.jsonl").write_text(partial + "\n")
+
+    second = _sweep(sweep_dir, "seed=0,1")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"already finished in {done} ({DONE_FILE}); skipped" in second.stderr
+    assert (done / "metrics.jsonl").read_text() == kept
+    assert (undone / "metrics.jsonl.interrupted").read_text() == partial + "\n"
+    redone = (undone / "metrics.jsonl").read_text().splitlines()
+    assert len(redone) >= 1 and finished_point(undone) is not None
 
 
 def test_failed_points_reads_error_files(tmp_path):

@@ -90,7 +90,7 @@ class ParamStore:
             if (should_stop is not None and should_stop()) or time.monotonic() > deadline:
                 return None
             time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            delay = min(delay * 2, 1e-3)  # bounded lag waits on every update: wake up promptly
 
 
 @torch.no_grad()

@@ -36,14 +36,15 @@ class Policy(nn.Module):
         self.num_actions = num_actions
         self.is_image = len(obs_shape) == 3
         self.channels_last = cfg.channels_last and self.is_image
-        if name == "shallow":
-            self.torso: nn.Module = NatureTorso(obs_shape, cfg.hidden_size)
-        elif name == "resnet":
-            self.torso = ImpalaTorso(obs_shape, cfg.hidden_size)
-        elif name == "minatar":
-            self.torso = MinAtarTorso(obs_shape, cfg.hidden_size)
-        else:
-            self.torso = MLPTorso(obs_shape, cfg.hidden_size, cfg.mlp_layers)
+        self.torso = build_torso(name, obs_shape, cfg)
+        if cfg.separate_value and cfg.use_lstm:
+            raise ValueError(
+                "model.separate_value=true gives the value its own torso, which an LSTM core "
+                "cannot share: set model.use_lstm=false or model.separate_value=false."
+            )
+        # SB3's MlpPolicy: the value's large, unscaled errors (dense rewards in the hundreds)
+        # do not flow into the policy's features, and clipping them does not starve the policy.
+        self.value_torso = build_torso(name, obs_shape, cfg) if cfg.separate_value else None
         core_in = cfg.hidden_size
         self.lstm = nn.LSTM(core_in, cfg.lstm_size) if cfg.use_lstm else None
         head_in = cfg.lstm_size if cfg.use_lstm else core_in
@@ -87,7 +88,8 @@ class Policy(nn.Module):
             with torch.autocast(features.device.type, enabled=False):
                 features, core_state = self._core(features.float(), first, core_state, T, B)
         logits = self.policy_head(features).view(T, B, self.num_actions)
-        value = self.value_head(features).view(T, B)
+        value_features = features if self.value_torso is None else self.value_torso(x)
+        value = self.value_head(value_features).view(T, B)
         return PolicyOutput(logits, value, core_state)
 
     def _core(
@@ -105,6 +107,17 @@ class Policy(nn.Module):
             h, c = h1.squeeze(0), c1.squeeze(0)
             outs.append(out.squeeze(0))
         return torch.stack(outs).view(T * B, -1), (h, c)
+
+
+def build_torso(name: str, obs_shape: tuple[int, ...], cfg: ModelCfg) -> nn.Module:
+    """The torso ``name`` (already resolved from ``auto``): [N, *obs_shape] -> [N, hidden]."""
+    if name == "shallow":
+        return NatureTorso(obs_shape, cfg.hidden_size)
+    if name == "resnet":
+        return ImpalaTorso(obs_shape, cfg.hidden_size)
+    if name == "minatar":
+        return MinAtarTorso(obs_shape, cfg.hidden_size)
+    return MLPTorso(obs_shape, cfg.hidden_size, cfg.mlp_layers)
 
 
 def init_weights(policy: Policy, scheme: str) -> None:

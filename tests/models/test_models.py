@@ -264,3 +264,27 @@ def test_shallow_structure():
     assert [c.kernel_size for c in convs] == [(8, 8), (4, 4), (3, 3)]
     linears = [m for m in model.torso.modules() if isinstance(m, nn.Linear)]
     assert [(lin.in_features, lin.out_features) for lin in linears] == [(64 * 7 * 7, 256)]
+
+
+def test_separate_value_torso_keeps_value_gradients_out_of_the_policy_features():
+    torch.manual_seed(0)
+    cfg = ModelCfg(name="mlp", hidden_size=16, separate_value=True, init="orthogonal")
+    model = build_model((8,), 4, cfg)
+    obs, first = torch.randn(3, 2, 8), torch.zeros(3, 2, dtype=torch.bool)
+    model(obs, first).value.sum().backward()
+    assert all(p.grad is None for p in model.torso.parameters())
+    assert all(p.grad is not None for p in model.value_torso.parameters())
+    model.zero_grad(set_to_none=True)
+    model(obs, first).logits.sum().backward()
+    assert all(p.grad is not None for p in model.torso.parameters())
+    assert all(p.grad is None for p in model.value_torso.parameters())
+    # Same architecture twice: the shared model has one torso's parameters fewer.
+    shared = build_model((8,), 4, ModelCfg(name="mlp", hidden_size=16))
+    n = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in shared.parameters())
+    assert n == sum(p.numel() for p in model.torso.parameters())
+
+
+def test_separate_value_with_lstm_is_refused():
+    cfg = ModelCfg(name="mlp", hidden_size=16, separate_value=True, use_lstm=True)
+    with pytest.raises(ValueError, match="separate_value=true .*model.use_lstm=false"):
+        build_model((8,), 4, cfg)
