@@ -9,9 +9,12 @@ data, what a run spends its time on (a few seconds):
 - the raw vector env, per env step.
 
 From these it predicts each candidate's agent steps per second (``predict``) and picks the
-fastest. The timings are cached per machine, library versions and workload (``cache_path``),
-so later runs start at once. An explicit value always wins; what ``auto`` chose goes into the
-run's ``config.yaml`` (so a run repeats exactly) and ``auto.json`` (why).
+fastest. Where the prediction cannot tell the best candidates apart (within ``TRIAL_MARGIN``:
+on a 2-core box it ranked 1 x 32 above 2 x 16, which ran 11% faster), each of them runs for
+real for ``auto_trial_s`` seconds and the fastest run wins. Timings and trials are cached per
+machine, library versions and workload (``cache_path``), so later runs start at once. An
+explicit value always wins; what ``auto`` chose goes into the run's ``config.yaml`` (so a run
+repeats exactly) and ``auto.json`` (why).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import math
 import os
 import platform
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,9 @@ AUTO = "auto"
 TOTAL_ENVS = 32  # envs in all when both counts are auto (the former default, 2 actors x 16)
 CACHE_ENV = "IMPALA_GPU_CACHE_DIR"  # where calibration.json goes (default ~/.cache/impala_gpu)
 SIMILAR = 0.03  # candidates this close to the best count as ties: fp32, then fewer processes
+TRIAL_MARGIN = 0.10  # predictions this close to the best are tried end to end (the model's miss)
+MAX_TRIALS = 3
+TRIAL_START_S = 10.0  # a trial's allowance for spawning actors, beyond the seconds it measures
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Decision:
     frames_per_step: int
     cached: bool
     cache_file: str
+    trials: dict[Candidate, float] = field(default_factory=dict)  # measured end to end
 
     def describe(self, auto_keys: list[str]) -> str:
         fps = {c: v * self.frames_per_step for c, v in self.predictions.items()}
@@ -68,6 +76,18 @@ class Decision:
             if c != self.chosen
         )[:160]
         where = "cached" if self.cached else "measured now"
+        if self.trials:
+            ran = sorted(self.trials, key=self.trials.get, reverse=True)  # type: ignore[arg-type]
+            tried = " vs ".join(
+                f"{c.precision} {c.num_actors}x{c.envs_per_actor} "
+                f"{_k(self.trials[c] * self.frames_per_step)}"
+                for c in ran
+            )
+            return (
+                f"auto ({', '.join(auto_keys)}): {self.chosen.overrides()}, fastest in real "
+                f"runs ({tried} frames/s; predicted within {TRIAL_MARGIN:.0%}: {others}; "
+                f"{where}, {self.cache_file})"
+            )
         return (
             f"auto ({', '.join(auto_keys)}): {self.chosen.overrides()}, predicted "
             f"{_k(fps[self.chosen])} frames/s (others: {others or 'none'}; {where}, "
@@ -81,6 +101,10 @@ class Decision:
             "predicted_frames_per_s": [
                 {**dataclasses.asdict(c), "frames_per_s": v * self.frames_per_step}
                 for c, v in sorted(self.predictions.items(), key=lambda kv: -kv[1])
+            ],
+            "trial_frames_per_s": [
+                {**dataclasses.asdict(c), "frames_per_s": v * self.frames_per_step}
+                for c, v in sorted(self.trials.items(), key=lambda kv: -kv[1])
             ],
             "cached": self.cached,
             "cache_file": self.cache_file,
@@ -147,6 +171,14 @@ def rank(predictions: dict[Candidate, float]) -> Candidate:
     best = max(predictions.values())
     close = [c for c, v in predictions.items() if v >= (1 - SIMILAR) * best]
     return min(close, key=lambda c: (c.precision != "fp32", c.num_actors, -predictions[c]))
+
+
+def contenders(predictions: dict[Candidate, float]) -> list[Candidate]:
+    """The candidates predicted within ``TRIAL_MARGIN`` of the best, best first (at most
+    ``MAX_TRIALS``): closer than the model can rank them, so a real run decides."""
+    best = max(predictions.values())
+    close = [c for c, v in predictions.items() if v >= (1 - TRIAL_MARGIN) * best]
+    return sorted(close, key=predictions.get, reverse=True)[:MAX_TRIALS]  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- what is auto
@@ -284,6 +316,42 @@ def time_env_step(cfg, E: int = 16, seconds: float = 0.3) -> float:
         return (time.perf_counter() - start) / (steps * E)
     finally:
         env.close()
+
+
+def trial_run(cfg, c: Candidate, seconds: float) -> float:
+    """Agent steps per second of a real run of candidate ``c`` (this algo, env and model) for
+    about ``seconds``, in a temporary dir with W&B, checkpoints and health checks off. It may
+    take ``TRIAL_START_S`` more to spawn its actors; the count starts at its first log line,
+    so the start-up is not in it."""
+    from impala_gpu.cli import algo_registry
+
+    trial = dataclasses.replace(
+        cfg,
+        precision=c.precision,
+        num_actors=c.num_actors,
+        envs_per_actor=c.envs_per_actor,
+        total_frames=10**15,
+        max_seconds=seconds + TRIAL_START_S,
+        log_interval_s=seconds / 4,
+        target_return=None,
+        resume=None,
+        progress=False,
+        wandb=dataclasses.replace(cfg.wandb, mode="disabled"),
+        checkpoint=dataclasses.replace(cfg.checkpoint, every_frames=0, every_minutes=0),
+        health=dataclasses.replace(cfg.health, enabled=False),
+    )
+    with tempfile.TemporaryDirectory(prefix="impala_gpu_trial_") as tmp:
+        algo_registry()[cfg.algo.name](trial, tmp, None)
+        text = (Path(tmp) / "metrics.jsonl").read_text()
+    lines = [json.loads(x) for x in text.splitlines()]
+    if len(lines) < 2:
+        raise RuntimeError(
+            f"auto's {seconds:g} s trial of {c.overrides()} logged {len(lines)} metric lines; "
+            "it needs 2. Fix: raise auto_trial_s, or set precision, num_actors and "
+            "envs_per_actor by hand."
+        )
+    first, last = lines[0], lines[-1]
+    return (last["agent_steps"] - first["agent_steps"]) / (last["elapsed_s"] - first["elapsed_s"])
 
 
 class _threads:
@@ -450,6 +518,37 @@ def timings_for(cfg, spec, device, cands: list[Candidate]) -> tuple[Timings, boo
     return _timings(entry), not fresh
 
 
+def _trial_key(c: Candidate, cfg) -> str:
+    return _key((c.precision, c.num_actors, c.envs_per_actor, cfg.batch_size, cfg.learner_threads))
+
+
+def trials_for(cfg, device, preds: dict[Candidate, float]) -> tuple[dict[Candidate, float], bool]:
+    """End-to-end agent steps per second of the ``contenders`` (from the cache, running the
+    missing ones), or {} when the prediction alone decides. Returns (trials, all cached)."""
+    close = contenders(preds)
+    if len(close) < 2 or cfg.auto_trial_s <= 0:
+        return {}, True
+    path, key = cache_path(), _entry_key(cfg, device)
+    done = dict(_cached_entry(cfg, device).get("trial_steps_per_s", {}))
+    missing = [c for c in close if _trial_key(c, cfg) not in done]
+    if missing:
+        names = ", ".join(f"{c.precision} {c.num_actors}x{c.envs_per_actor}" for c in close)
+        print(
+            f"impala_gpu: auto: {names} are predicted within {TRIAL_MARGIN:.0%} of each other; "
+            f"running each for {cfg.auto_trial_s:g} s to choose (once: cached in {path})",
+            file=sys.stderr,
+            flush=True,
+        )
+        for c in missing:
+            done[_trial_key(c, cfg)] = trial_run(cfg, c, cfg.auto_trial_s)
+        cache = _load_cache(path)
+        entry = cache.get(key) or _cached_entry(cfg, device)
+        entry["trial_steps_per_s"] = {**entry.get("trial_steps_per_s", {}), **done}
+        cache[key] = entry
+        _save_cache(path, cache)
+    return {c: done[_trial_key(c, cfg)] for c in close}, not missing
+
+
 def predictions(cfg, device, cands: list[Candidate], t: Timings) -> dict[Candidate, float]:
     cores = os.cpu_count() or 1
     out = {}
@@ -484,8 +583,11 @@ def resolve_auto(cfg):
     cands = candidates(cfg, os.cpu_count() or 1)
     t, cached = timings_for(cfg, spec, device, cands)
     preds = predictions(cfg, device, cands, t)
-    chosen = rank(preds)
-    decision = Decision(chosen, preds, spec.frames_per_step, cached, str(cache_path()))
+    trials, trials_cached = trials_for(cfg, device, preds)
+    chosen = rank(trials or preds)
+    decision = Decision(
+        chosen, preds, spec.frames_per_step, cached and trials_cached, str(cache_path()), trials
+    )
     resolved = dataclasses.replace(
         cfg,
         precision=chosen.precision,
@@ -514,7 +616,10 @@ def measured_alternatives(cfg, device: torch.device) -> dict[Candidate, float] |
     current = Candidate(cfg.precision, cfg.num_actors, cfg.envs_per_actor)
     if current not in cands:
         return None
-    return predictions(cfg, device, cands, _timings(entry))
+    preds = predictions(cfg, device, cands, _timings(entry))
+    # A real run's figure beats the model's wherever auto ran one.
+    ran = entry.get("trial_steps_per_s", {})
+    return {c: ran.get(_trial_key(c, cfg), v) for c, v in preds.items()}
 
 
 def write_decision(decision: Decision | None, keys: list[str], run_dir: str | Path) -> None:

@@ -6,6 +6,7 @@ with Hydra's own error naming the key (``Key 'lrr' not in 'AlgoCfg'``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,14 @@ class RayCfg:
     inflight_per_actor: int = 2  # unroll requests queued per actor: it steps while one travels
 
 
+AUTO_TRIAL_ENV = "IMPALA_GPU_AUTO_TRIAL_S"
+
+
+def auto_trial_default() -> float:
+    """``auto_trial_s``'s default: ``$IMPALA_GPU_AUTO_TRIAL_S`` (the test suite sets 0), else 8."""
+    return float(os.environ.get(AUTO_TRIAL_ENV, 8.0))
+
+
 @dataclass
 class Config:
     env: EnvCfg = field(default_factory=EnvCfg)
@@ -142,6 +151,9 @@ class Config:
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
     learner_threads: int = 0  # learner torch threads; 0: auto (speed.default_learner_threads)
     precision: str = "auto"  # auto | fp32 | bf16 (autocast forward passes); auto: measured here
+    # auto: seconds of a real run for each candidate the timings cannot tell apart (0: none);
+    # once per machine and workload, cached. Default from IMPALA_GPU_AUTO_TRIAL_S, else 8.
+    auto_trial_s: float = field(default_factory=lambda: auto_trial_default())
     compile: bool = False  # torch.compile the learner's model (slower first updates)
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line

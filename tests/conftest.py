@@ -8,6 +8,11 @@ import os
 import pytest
 
 from impala_gpu.calibration import CACHE_ENV
+from impala_gpu.config import AUTO_TRIAL_ENV
+
+# auto's end-to-end trials run seconds of training per workload: off for the suite (set before
+# any Config exists; child processes inherit it). tests/test_calibration.py turns them on.
+os.environ[AUTO_TRIAL_ENV] = "0"
 
 
 @pytest.fixture(autouse=True, scope="session")
