@@ -329,3 +329,26 @@ def test_help_speaks_for_the_program(tmp_path):
     for group in ("env", "model", "algo", "experiment"):
         assert f"\n  {group} " in text, f"--help does not explain the {group} group"
     assert "pong_impala" in text and "python -m impala_gpu -m" in text  # the two examples
+
+
+def _steps_per_update(cfg: Config) -> int:
+    """Agent steps one update learns from: IMPALA's B x T, A2C's every env x T, and one A3C
+    worker's own envs x T."""
+    if cfg.algo.name == "a2c":
+        return cfg.num_actors * cfg.envs_per_actor * cfg.unroll_length
+    if cfg.algo.name == "a3c":
+        return cfg.envs_per_actor * cfg.unroll_length
+    return cfg.batch_size * cfg.unroll_length
+
+
+@pytest.mark.parametrize("experiment, steps", [("compare_cartpole", 320), ("compare_pong", 80)])
+def test_comparison_cells_compose_with_one_update_size(hydra_compose, experiment, steps):
+    swept = OmegaConf.load(Path(CONF_DIR) / "experiment" / f"{experiment}.yaml")
+    cells = swept.hydra.sweeper.params.compare_cell.split(",")
+    assert {"impala", "a2c", "a3c"} <= set(cells)
+    for cell in cells:
+        cfg = _to_config(hydra_compose([f"experiment={experiment}", f"compare_cell={cell}"]))
+        validate_config(dataclasses.replace(cfg, precision="fp32"))
+        assert cfg.algo.name == cell.split("_")[0]
+        # a3c_160 is the unmatched A3C kept for the README's before/after figures.
+        assert _steps_per_update(cfg) == (steps // 2 if cell == "a3c_160" else steps), cell
