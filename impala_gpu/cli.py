@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, register_configs, save_config
-from impala_gpu.reporting.checkpoint import resolve_checkpoint
+from impala_gpu.reporting.checkpoint import list_checkpoints, resolve_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
@@ -44,6 +44,9 @@ def algo_registry() -> dict[str, Any]:
     }
 
 
+RESUMABLE = ("impala", "impala_nocorrection", "a2c")  # A3C keeps no optimizer checkpoints
+
+
 def _sweep_info() -> tuple[str, dict[str, Any]]:
     hc = HydraConfig.get()
     info: dict[str, Any] = {}
@@ -62,6 +65,7 @@ def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
     saved = torch.load(path, map_location="cpu", weights_only=False)["config"]
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
     groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment"}
+    groups |= {"compare_cell", "lag_cell"}  # the sweep presets' own groups
     scalar = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in groups]
     skipped = sorted(set(overrides) - set(scalar))
     if skipped:
@@ -76,17 +80,21 @@ def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
 def run(dcfg: DictConfig) -> float:
     """One run (or one sweep point). Returns the final mean return, the sweepers' objective."""
     hydra_dir, sweep = _sweep_info()
+    if sweep and not dcfg.resume:  # a sweep rerun into its own dir picks up where it stopped
+        point_dir = dcfg.run_dir or hydra_dir
+        done = finished_point(point_dir)
+        if done is not None:
+            _say_sweep(sweep, f"already finished in {point_dir} ({DONE_FILE}); skipped")
+            return float(done["objective"])
+        if dcfg.algo.name in RESUMABLE and list_checkpoints(point_dir):
+            dcfg.resume = str(point_dir)
+            _say_sweep(sweep, "did not finish; resuming it from its last checkpoint")
+        elif set_aside_unfinished(point_dir):
+            _say_sweep(sweep, f"did not finish; starting again (its files are *{SUPERSEDED})")
     if dcfg.resume:
         dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
-    if sweep and not cfg.resume:
-        done = finished_point(run_dir)
-        if done is not None:
-            _say_sweep(sweep, f"already finished in {run_dir} ({DONE_FILE}); skipped")
-            return float(done["objective"])
-        if set_aside_unfinished(run_dir):
-            _say_sweep(sweep, f"an earlier attempt did not finish; its files are *{SUPERSEDED}")
     from impala_gpu.learning.distributed import torchrun_rendezvous
 
     rank = torchrun_rendezvous()

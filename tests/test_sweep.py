@@ -3,6 +3,7 @@ are grouped by sweep."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,30 +68,35 @@ def _sweep(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
         cwd=sweep_dir.parent,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
 
 
 @pytest.mark.slow
-def test_rerunning_a_sweep_skips_finished_points_and_redoes_unfinished_ones(tmp_path):
+def test_rerunning_a_sweep_skips_finished_points_and_picks_up_unfinished_ones(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    first = _sweep(sweep_dir, "seed=0,1")
+    first = _sweep(sweep_dir, "seed=0,1,2")
     assert first.returncode == 0, first.stderr[-3000:]
-    done, undone = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    done, resumable, restart = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
     assert finished_point(done)["last"]["frames"] >= 2000
     kept = (done / "metrics.jsonl").read_text()
-    # As if the session ended inside the second point: no done.json, a partial metrics file.
-    (undone / DONE_FILE).unlink()
-    partial = (undone / "metrics.jsonl").read_text().splitlines()[0]
-    (undone / "metrics.jsonl").write_text(partial + "\n")
+    # As if the session ended inside the last two points: one left a checkpoint, one did not.
+    (resumable / DONE_FILE).unlink()
+    (restart / DONE_FILE).unlink()
+    shutil.rmtree(restart / "checkpoints")
+    partial = (restart / "metrics.jsonl").read_text().splitlines()[0] + "\n"
+    (restart / "metrics.jsonl").write_text(partial)
 
-    second = _sweep(sweep_dir, "seed=0,1")
+    second = _sweep(sweep_dir, "seed=0,1,2")
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"already finished in {done} ({DONE_FILE}); skipped" in second.stderr
     assert (done / "metrics.jsonl").read_text() == kept
-    assert (undone / "metrics.jsonl.interrupted").read_text() == partial + "\n"
-    redone = (undone / "metrics.jsonl").read_text().splitlines()
-    assert len(redone) >= 1 and finished_point(undone) is not None
+    assert "did not finish; resuming it from its last checkpoint" in second.stderr
+    assert "resumed from" in second.stdout + second.stderr
+    assert finished_point(resumable) is not None
+    assert "did not finish; starting again" in second.stderr
+    assert (restart / "metrics.jsonl.interrupted").read_text() == partial
+    assert finished_point(restart)["last"]["frames"] >= 2000
 
 
 def test_failed_points_reads_error_files(tmp_path):

@@ -8,8 +8,11 @@ model without a lock. The main process only watches: it gathers the workers' rep
 the same metrics IMPALA logs, so the two baselines compare field by field.
 
 Config keys of the central learner (batch_size, num_slots, publish_interval, max_policy_lag,
-bounded_lag, refresh_every, learner_threads) do not apply here and are ignored; checkpoint.* too
-(A3C saves only the final ``model.pt``, also on Ctrl-C).
+bounded_lag, refresh_every, learner_threads) do not apply here and are ignored. Checkpoints
+(``checkpoint.*``) hold the shared model, the shared optimizer statistics and the counters; they
+are taken while the workers run (Hogwild: no update is half-applied to a float, but parameters
+may come from neighbouring updates), and the last one after the workers stop, also on Ctrl-C.
+``resume`` continues from one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from impala_gpu.acting.rollout import EnvStepper, acting_process, sample_action
 from impala_gpu.algos.impala import save_weights, solved
 from impala_gpu.calibration import apply_auto
 from impala_gpu.channels.ring import numpy_to_torch_dtype
-from impala_gpu.config import AlgoCfg, Config
+from impala_gpu.config import AlgoCfg, Config, to_container
 from impala_gpu.envs import EnvSpec, derive_seeds, env_spec
 from impala_gpu.learning.learner import (
     STAT_NAMES,
@@ -47,14 +50,24 @@ from impala_gpu.learning.learner import (
 )
 from impala_gpu.learning.optim import RMSpropTF
 from impala_gpu.models import CoreState, Policy, build_model
+from impala_gpu.reporting.checkpoint import (
+    Checkpointer,
+    CheckpointPolicy,
+    count_lines,
+    resolve_checkpoint,
+    rng_state,
+    set_rng_state,
+    truncate_lines,
+)
 from impala_gpu.reporting.logger import MetricsLogger
 from impala_gpu.reporting.progress import Progress
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, validate_config
 
-# Columns of the shared per-worker counters [num_actors, NUM_COUNTERS]. Each worker writes only
-# its own row, so the unlocked ``+=`` never races; the global count is the column sum. DONE: the
-# worker has left its loop and will not touch the shared model again.
+# Columns of the shared per-worker counters [num_actors + 1, NUM_COUNTERS]. Each worker writes
+# only its own row, so the unlocked ``+=`` never races; the global count is the column sum. The
+# last row holds what a resumed run had done before (no worker writes it). DONE: the worker has
+# left its loop and will not touch the shared model again.
 STEPS, UPDATES, DONE = range(3)
 NUM_COUNTERS = 3
 
@@ -83,23 +96,19 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         )
     cfg = apply_auto(cfg, run_dir)
     validate_config(cfg)
-    if cfg.resume:
-        raise ConfigError(
-            f"resume={cfg.resume}: A3C writes no checkpoints to resume from (only model.pt). "
-            "Fix: drop resume, or resume an impala run."
-        )
     spec = env_spec(cfg.env)
     torch.manual_seed(cfg.seed)
     shared_model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
     shared_model.share_memory()
     optimizer = make_shared_optimizer(shared_model, cfg.algo)
+    counters = torch.zeros(cfg.num_actors + 1, NUM_COUNTERS, dtype=torch.int64).share_memory_()
+    tele = Telemetry(STAT_NAMES, cuda=False)
+    resumed = restore(cfg.resume, shared_model, optimizer, counters, tele) if cfg.resume else {}
+    if resumed:
+        truncate_lines(Path(run_dir) / "metrics.jsonl", resumed["metrics_lines"])
 
     ctx = mp.get_context(cfg.start_method)
-    handles = WorkerHandles(
-        counters=torch.zeros(cfg.num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_(),
-        reports=ctx.Queue(),
-        stop=ctx.Event(),
-    )
+    handles = WorkerHandles(counters=counters, reports=ctx.Queue(), stop=ctx.Event())
     seeds = derive_seeds(cfg.seed, cfg.num_actors)
     workers = [
         ctx.Process(
@@ -110,27 +119,138 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         )
         for i in range(cfg.num_actors)
     ]
-    logger = MetricsLogger(run_dir, cfg, sweep)
-    path = Path(run_dir) / "model.pt"
+    logger = MetricsLogger(run_dir, cfg, sweep, resume_id=resumed.get("wandb_id"))
+    ck = cfg.checkpoint
+    checkpointer = Checkpointer(
+        run_dir,
+        CheckpointPolicy(ck.every_frames, ck.every_minutes, ck.keep_last),
+        frames=resumed.get("frames", 0),
+    )
+    checkpointer.best_return = resumed.get("best_return", float("-inf"))
+    start = time.perf_counter() - resumed.get("elapsed_s", 0.0)
+
+    def save(stopped: bool) -> None:
+        """A checkpoint now (and the final weights once the workers have stopped)."""
+        state = checkpoint_state(cfg, spec, shared_model, optimizer, counters, tele, start)
+        state.update(resumes=resumed.get("resumes", -1) + 1, wandb_id=logger.wandb_id)
+        state["metrics_lines"] = count_lines(logger.path)
+        mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
+        checkpointer.save(state, state["frames"], mean_return)
+        if stopped:
+            save_weights(shared_model, Path(run_dir) / "model.pt")
+
     try:
         try:
             # Inside the handler: a Ctrl-C while the workers spawn must also stop them and save.
             for p in workers:
                 p.start()
-            last = monitor(cfg, spec, handles, workers, logger)
+            last = monitor(cfg, spec, handles, workers, logger, tele, checkpointer, save)
         except KeyboardInterrupt:
-            print("interrupted: stopping workers, saving weights", file=sys.stderr, flush=True)
+            print("interrupted: stopping workers, saving a checkpoint", file=sys.stderr, flush=True)
             # Stop the workers first: they must not write the weights while we copy them.
             stop_workers(workers, handles)
-            save_weights(shared_model, path)  # Ctrl-C keeps the work done so far
+            save(stopped=True)  # Ctrl-C keeps the work done so far
             raise
         stop_workers(workers, handles)
-        save_weights(shared_model, path)
+        save(stopped=True)
         return last
     finally:
         stop_workers(workers, handles)
         logger.close()
         handles.reports.close()
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+
+def checkpoint_state(
+    cfg: Config,
+    spec: EnvSpec,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    counters: Tensor,
+    tele: Telemetry,
+    start: float,
+) -> dict[str, Any]:
+    """What ``restore`` needs to continue: weights, shared optimizer state, counters, the
+    episode record. Copied now: the workers may go on writing the shared tensors meanwhile."""
+    totals = counters.sum(0)
+    return {
+        "model": _cloned(model.state_dict()),
+        "optimizer": _cloned(optimizer.state_dict()),
+        "agent_steps": int(totals[STEPS]),
+        "version": int(totals[UPDATES]),
+        "frames": int(totals[STEPS]) * spec.frames_per_step,
+        "elapsed_s": time.perf_counter() - start,
+        "rng": rng_state(),
+        "config": to_container(cfg),
+        "episode_returns": list(tele.episode_returns),
+        "episode_lengths": list(tele.episode_lengths),
+        "episodes": tele.episodes,
+        "lag_counts": tele.lag_counts,
+    }
+
+
+def _cloned(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _cloned(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cloned(v) for v in obj]
+    return obj
+
+
+def restore(
+    resume: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    counters: Tensor,
+    tele: Telemetry,
+) -> dict[str, Any]:
+    """Load an A3C checkpoint: the weights into the shared model, the optimizer statistics
+    into the shared buffers (in place, so they stay shared), the earlier work into the last
+    row of ``counters``, the episode record into ``tele``. Returns the checkpoint."""
+    path = resolve_checkpoint(resume)
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if "agent_steps" not in ckpt:
+        raise ConfigError(
+            f"{path} is not an A3C checkpoint (it has no worker counters). Fix: resume it "
+            "with the algo that wrote it (the run's config.yaml names it)."
+        )
+    try:
+        model.load_state_dict(ckpt["model"])  # copies into the shared storage
+    except RuntimeError as e:
+        raise ConfigError(
+            f"checkpoint {path} holds a different model than this config builds: "
+            f"{str(e).splitlines()[0]} Fix: resume with the config the run was trained with."
+        ) from e
+    load_shared_optimizer_state(optimizer, ckpt["optimizer"])
+    set_rng_state(ckpt["rng"])
+    counters[-1, STEPS], counters[-1, UPDATES] = ckpt["agent_steps"], ckpt["version"]
+    tele.episode_returns.extend(ckpt["episode_returns"])
+    tele.episode_lengths.extend(ckpt["episode_lengths"])
+    tele.episodes = ckpt["episodes"]
+    tele.lag_counts = np.asarray(ckpt["lag_counts"], dtype=np.int64)
+    at = f"{ckpt['frames']:,} frames (update {ckpt['version']})"
+    print(f"impala_gpu: resumed from {path} at {at}")
+    return ckpt
+
+
+def load_shared_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict`` that keeps its state tensors: each saved buffer is copied
+    into the shared one the workers hold, so they go on reading the same memory."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(saved["state"]) != len(params):
+        raise ConfigError(
+            f"the checkpoint's optimizer has state for {len(saved['state'])} parameters, this "
+            f"model has {len(params)}. Fix: resume with the config the run was trained with."
+        )
+    for i, p in enumerate(params):
+        for name, value in saved["state"][i].items():
+            optimizer.state[p][name].copy_(value)
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        group.update({k: v for k, v in saved_group.items() if k != "params"})
 
 
 # -- shared optimizer ---------------------------------------------------------------------------
@@ -333,15 +453,19 @@ def monitor(
     handles: WorkerHandles,
     workers: list[BaseProcess],
     logger: MetricsLogger,
+    tele: Telemetry,
+    checkpointer: Checkpointer,
+    save: Callable[[bool], None],
 ) -> dict[str, Any]:
-    """Gather reports and log until ``total_frames`` (or ``max_seconds``); then signal stop,
-    gather the last reports and log the final line. Returns the last logged metrics."""
-    tele = Telemetry(STAT_NAMES, cuda=False)
+    """Gather reports, log and checkpoint until ``total_frames`` (or ``max_seconds``); then
+    signal stop, gather the last reports and log the final line. Returns the last logged
+    metrics. ``tele`` may hold a resumed run's episodes; ``save(False)`` takes a checkpoint."""
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     start = time.perf_counter()
     deadline = start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
-    last_log, prev_steps, received = start, 0, 0
+    before = handles.counters[-1]  # a resumed run's earlier work: its updates were reported then
+    last_log, prev_steps, received = start, int(before[STEPS]), int(before[UPDATES])
     guard = NonfiniteGuard(cfg.max_nonfinite_updates)
 
     def on_report(r: Report) -> None:
@@ -375,6 +499,8 @@ def monitor(
             _check_workers(workers)  # also at the end: a crash is no clean finish
             if done:
                 return m
+            if checkpointer.due(frames):
+                save(False)
     finally:
         bar.close()
 
@@ -389,7 +515,7 @@ def _counter_metrics(
         frames=frames,
         agent_steps=steps,
         updates=int(c[:, UPDATES].sum()),
-        worker_updates=c[:, UPDATES].tolist(),  # per worker: did every worker contribute?
+        worker_updates=c[:-1, UPDATES].tolist(),  # per worker (the last row: resumed work)
         actor_steps=steps,
         actor_steps_per_s=(steps - prev_steps) / max(window_s, 1e-9),
         # No central learner: its busy/wait/overhead split does not exist (null in JSON).

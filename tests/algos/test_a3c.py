@@ -143,13 +143,36 @@ def test_shared_optimizer_matches_torch_and_lives_in_shared_memory(name):
         assert opt_shared.state[p]["step"].item() == 3
 
 
-def test_cuda_and_resume_are_rejected(monkeypatch, tmp_path):
+def test_cuda_and_a_foreign_checkpoint_are_rejected(monkeypatch, tmp_path):
     monkeypatch.setattr(a3c, "resolve_device", lambda _: torch.device("cuda"))
     with pytest.raises(ValueError, match="Hogwild on CPU.*device=cpu"):
         a3c.train(make_cfg("device=cuda"), tmp_path)
     monkeypatch.undo()
-    with pytest.raises(ValueError, match="no checkpoints"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint in run dir"):
         a3c.train(make_cfg(f"resume={tmp_path}", "device=cpu"), tmp_path)
+    impala_like = tmp_path / "checkpoints" / "ckpt_000000000100.pt"
+    impala_like.parent.mkdir()
+    torch.save({"model": {}, "version": 3, "frames": 100}, impala_like)
+    with pytest.raises(ValueError, match="not an A3C checkpoint.*Fix:"):
+        a3c.train(make_cfg(f"resume={tmp_path}", "device=cpu"), tmp_path)
+
+
+def test_shared_optimizer_state_loads_in_place():
+    torch.manual_seed(0)
+    cfg = make_cfg()
+    spec = env_spec(cfg.env)
+    model = build_model(spec.obs_shape, spec.num_actions, cfg.model).share_memory()
+    optimizer = a3c.make_shared_optimizer(model, cfg.algo)
+    shared = {id(t) for st in optimizer.state.values() for t in st.values()}
+    saved = a3c._cloned(optimizer.state_dict())
+    for st in saved["state"].values():
+        for t in st.values():
+            t.add_(3.0)
+    a3c.load_shared_optimizer_state(optimizer, saved)
+    for st in optimizer.state.values():
+        for t in st.values():
+            assert id(t) in shared and t.is_shared()
+            assert torch.all(t == 3.0) if t.dim() == 0 else torch.all(t >= 3.0)
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -303,3 +326,26 @@ def test_diverging_run_stops_with_a_clear_error(tmp_path, no_leaks):
     cfg = make_cfg("algo.learning_rate=1e30", "max_nonfinite_updates=3", "total_frames=10_000_000")
     with pytest.raises(FloatingPointError, match="3 consecutive updates"):
         a3c.train(cfg, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_from_its_checkpoint(tmp_path, no_leaks):
+    first = a3c.train(make_cfg("total_frames=20000", "log_interval_s=1"), tmp_path)
+    (ckpt,) = list((tmp_path / "checkpoints").glob("ckpt_*.pt"))
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["agent_steps"] == first["agent_steps"] and saved["version"] == first["updates"]
+    lines = read_metrics(tmp_path)
+    assert saved["metrics_lines"] == len(lines)
+    step_before = max(s["step"].item() for s in saved["optimizer"]["state"].values())
+
+    last = a3c.train(make_cfg("total_frames=40000", f"resume={tmp_path}"), tmp_path)
+    assert last["frames"] >= 40_000 and last["updates"] > first["updates"]
+    metrics = read_metrics(tmp_path)
+    assert metrics[: len(lines)] == lines  # the first run's lines are kept, then it goes on
+    assert all(m["frames"] >= first["frames"] for m in metrics[len(lines) :])
+    assert sum(last["worker_updates"]) == last["updates"] - first["updates"]
+    assert last["elapsed_s"] > first["elapsed_s"]
+    again = torch.load(sorted((tmp_path / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=False)
+    # The shared optimizer's statistics went on from the saved ones, not from zero.
+    assert max(s["step"].item() for s in again["optimizer"]["state"].values()) > step_before
+    assert again["resumes"] == 1 and again["episodes"] > saved["episodes"]
