@@ -31,7 +31,7 @@ TINY = (
     "progress=false",
 )
 SWEEPS = {
-    "baselines": ("algo=impala", "seed=0,1"),
+    "baselines": ("algo=impala,a2c,a3c", "seed=0"),
     # The lag study's grid, shrunk: two lags, replay at lag 0, two corrections, one seed.
     "lag": (
         "experiment=lag_study",
@@ -116,7 +116,8 @@ def test_compare_baselines(sweeps: dict[str, Path], monkeypatch: pytest.MonkeyPa
     )
     figures, text = outputs_of(nb)
     assert figures >= 2  # return curves, throughput bars
-    assert "CartPole-v1: impala ran at" in text
+    assert "CartPole-v1: " in text and "was the fastest at" in text  # three algos compared
+    assert all(f"{algo}" in text for algo in ("impala", "a2c", "a3c"))
     assert "needed the fewest frames" in text
 
 
@@ -161,3 +162,20 @@ def test_lag_study_script_writes_the_table_and_the_figure(sweeps: dict[str, Path
     assert len(rows) == 6  # 2 corrections x (lag 0, lag 0 with replay, lag 8)
     assert "| V-trace | 8 | 0% | 1 |" in md.read_text()
     assert "Mean final return over seeds" in md.read_text()
+
+
+@pytest.mark.slow
+def test_compare_report_writes_the_table_and_the_figure(sweeps: dict[str, Path], tmp_path):
+    png, md = tmp_path / "compare.png", tmp_path / "compare.md"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "compare_report.py"), str(sweeps["baselines"]),
+         "--thresholds", "5,1e9", "--png", str(png), "--md", str(md)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert png.stat().st_size > 10_000
+    rows = {ln.split(" | ")[0][2:]: ln for ln in md.read_text().splitlines()[2:]}
+    assert set(rows) == {"a2c", "a3c", "impala"}
+    for algo, row in rows.items():
+        assert "not reached in" in row  # 1e9: nobody gets there
+        assert (" — | " in row) == (algo == "a3c")  # A3C has no central learner to be busy
