@@ -144,7 +144,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             # Inside the handler: a Ctrl-C while the workers spawn must also stop them and save.
             for p in workers:
                 p.start()
-            last = monitor(cfg, spec, handles, workers, logger, tele, checkpointer, save)
+            last = monitor(cfg, spec, handles, workers, logger, tele, checkpointer, save, start)
         except KeyboardInterrupt:
             print("interrupted: stopping workers, saving a checkpoint", file=sys.stderr, flush=True)
             # Stop the workers first: they must not write the weights while we copy them.
@@ -456,16 +456,18 @@ def monitor(
     tele: Telemetry,
     checkpointer: Checkpointer,
     save: Callable[[bool], None],
+    run_start: float,
 ) -> dict[str, Any]:
     """Gather reports, log and checkpoint until ``total_frames`` (or ``max_seconds``); then
     signal stop, gather the last reports and log the final line. Returns the last logged
-    metrics. ``tele`` may hold a resumed run's episodes; ``save(False)`` takes a checkpoint."""
+    metrics. ``tele`` may hold a resumed run's episodes; ``save(False)`` takes a checkpoint.
+    ``run_start``: the clock reading ``elapsed_s`` counts from (earlier for a resumed run)."""
     bar = Progress(cfg.total_frames, enabled=cfg.progress)
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
-    start = time.perf_counter()
-    deadline = start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
+    now = time.perf_counter()
+    deadline = now + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
     before = handles.counters[-1]  # a resumed run's earlier work: its updates were reported then
-    last_log, prev_steps, received = start, int(before[STEPS]), int(before[UPDATES])
+    last_log, prev_steps, received = now, int(before[STEPS]), int(before[UPDATES])
     guard = NonfiniteGuard(cfg.max_nonfinite_updates)
 
     def on_report(r: Report) -> None:
@@ -491,7 +493,7 @@ def monitor(
             if done or now - last_log >= cfg.log_interval_s:
                 m, hist = tele.flush()
                 m.update(_counter_metrics(cfg, spec, handles.counters, prev_steps, m["window_s"]))
-                m.update(elapsed_s=time.perf_counter() - start, time=time.time())
+                m.update(elapsed_s=time.perf_counter() - run_start, time=time.time())
                 logger.log(m, hist)
                 logger.write_json("lag_hist.json", tele.lag_histogram())  # the whole run's lags
                 bar.update(m["frames"], m)

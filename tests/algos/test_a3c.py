@@ -344,6 +344,8 @@ def test_a_resumed_run_continues_from_its_checkpoint(tmp_path, no_leaks):
     assert metrics[: len(lines)] == lines  # the first run's lines are kept, then it goes on
     assert all(m["frames"] >= first["frames"] for m in metrics[len(lines) :])
     assert sum(last["worker_updates"]) == last["updates"] - first["updates"]
+    # The clock goes on from the checkpoint's, so wall-clock curves of a resumed run join up.
+    assert metrics[len(lines)]["elapsed_s"] > saved["elapsed_s"]
     assert last["elapsed_s"] > first["elapsed_s"]
     again = torch.load(sorted((tmp_path / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=False)
     # The shared optimizer's statistics went on from the saved ones, not from zero.
