@@ -148,3 +148,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert lines, "metrics.jsonl is empty"
     return [json.loads(line) for line in lines]
+
+
+def report_when_orphaned(path: str) -> None:
+    """A child whose parent exits during its start-up: writes to ``path`` whether it noticed."""
+    from impala_gpu.acting.rollout import parent_alive
+
+    deadline = time.monotonic() + 60
+    while parent_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Path(path).write_text("still waiting" if parent_alive() else "noticed")

@@ -4,7 +4,6 @@ the ring in their final dtype and layout, stamp each with the policy version tha
 
 from __future__ import annotations
 
-import os
 import queue
 import time
 import traceback
@@ -16,6 +15,7 @@ from torch import Tensor
 from impala_gpu.acting.rollout import (
     EnvStepper,
     acting_process,
+    parent_alive,
     record_unroll,
     sample_action,
     stamp_unroll,
@@ -65,7 +65,7 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
     """Process entry point. Returns when ``handles.stop`` is set or the learner goes away."""
     handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
     try:
-        with acting_process(cfg, seed) as (env, parent):
+        with acting_process(cfg, seed) as env:
             _run(
                 actor_id,
                 cfg,
@@ -73,7 +73,7 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
                 handles,
                 seed,
                 env,
-                should_stop=lambda: _should_stop(handles, parent, actor_id),
+                should_stop=lambda: _should_stop(handles, actor_id),
             )
     except Exception:
         # Tell the learner why, then die: it logs the cause and starts a replacement.
@@ -82,11 +82,11 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
         raise
 
 
-def _should_stop(handles: ActorHandles, parent: int, actor_id: int) -> bool:
+def _should_stop(handles: ActorHandles, actor_id: int) -> bool:
     """Polled wherever the actor loops or waits; so it also beats the heartbeat (waiting for a
     slot or a version is not hanging)."""
     handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
-    return handles.stop.is_set() or os.getppid() != parent
+    return handles.stop.is_set() or not parent_alive()
 
 
 def _run(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import multiprocessing as mp
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -134,18 +134,27 @@ def stamp_unroll(
         fields["core_c"][idx] = core[1]
 
 
+def parent_alive() -> bool:
+    """Whether the process that started this one still runs (True outside multiprocessing).
+
+    Read from the pipe multiprocessing keeps to the parent, which reads EOF once the parent is
+    gone, not from ``os.getppid()``: if the parent died while this process was starting, that
+    already reads as init's pid, and a child comparing against it would wait forever."""
+    parent = mp.parent_process()
+    return parent is None or parent.is_alive()
+
+
 @contextmanager
-def acting_process(cfg: Config, seed: int) -> Iterator[tuple[object, int]]:
+def acting_process(cfg: Config, seed: int) -> Iterator[object]:
     """The start of every acting child process (IMPALA actor, A3C worker): Ctrl-C is left to
     the parent, which coordinates shutdown; one torch thread (the processes are the
-    parallelism); a seeded RNG. Yields the process's vector env and its parent's pid (a child
-    whose parent is gone stops), and closes the env on the way out."""
+    parallelism); a seeded RNG. Yields the process's vector env, and closes it on the way out.
+    The child's loops poll ``parent_alive`` so that it stops when its parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    parent = os.getppid()
     env = make_vector_env(cfg.env, cfg.envs_per_actor, num_threads=1)
     try:
-        yield env, parent
+        yield env
     finally:
         env.close()

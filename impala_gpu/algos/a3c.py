@@ -18,7 +18,6 @@ may come from neighbouring updates), and the last one after the workers stop, al
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import sys
 import time
@@ -34,7 +33,7 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from impala_gpu.acting.pool import describe_exit, stop_processes
-from impala_gpu.acting.rollout import EnvStepper, acting_process, sample_action
+from impala_gpu.acting.rollout import EnvStepper, acting_process, parent_alive, sample_action
 from impala_gpu.algos.impala import save_weights, solved
 from impala_gpu.calibration import apply_auto
 from impala_gpu.channels.ring import numpy_to_torch_dtype
@@ -337,8 +336,8 @@ def worker_main(
     """Process entry point. Returns at ``total_frames``, on ``handles.stop``, or when the main
     process goes away."""
     try:
-        with acting_process(cfg, seed) as (env, parent):
-            _work(worker_id, cfg, spec, shared_model, optimizer, handles, seed, env, parent)
+        with acting_process(cfg, seed) as env:
+            _work(worker_id, cfg, spec, shared_model, optimizer, handles, seed, env)
     finally:
         handles.counters[worker_id, DONE] = 1
 
@@ -352,7 +351,6 @@ def _work(
     handles: WorkerHandles,
     seed: int,
     env,
-    parent: int,
 ) -> None:
     """Copy the shared weights, roll out T steps, step the shared model; until told to stop."""
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
@@ -362,7 +360,7 @@ def _work(
     algo = dataclasses.replace(cfg.algo, correction="none")
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     counters = handles.counters
-    while not handles.stop.is_set() and os.getppid() == parent:
+    while not handles.stop.is_set() and parent_alive():
         frames = int(counters[:, STEPS].sum()) * spec.frames_per_step
         if frames >= cfg.total_frames:
             return

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from leakcheck import popen_marked, processes_with_marker
 
-from impala_gpu.acting.rollout import EnvStepper
+from impala_gpu.acting.rollout import EnvStepper, parent_alive
 from impala_gpu.config import Config, EnvCfg
 from impala_gpu.envs import env_spec, make_vector_env
+
+REPO = Path(__file__).resolve().parents[2]
 
 BREAKOUT = "ALE/Breakout-v5"
 
@@ -88,3 +97,32 @@ def test_breakout_episodic_life_reports_whole_games(backend):
     assert [t + 1 for t in ends[:-1]] == np.flatnonzero(firsts).tolist()
     # The reported return is the game's full score: the sum of its per-step rewards.
     assert ret == sum(rewards) and ret > 0
+
+
+ORPHANING_SCRIPT = """
+import multiprocessing as mp, os, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from leakcheck import report_when_orphaned
+mp.get_context("spawn").Process(target=report_when_orphaned, args=(sys.argv[1],)).start()
+os._exit(0)  # before the child has even imported: its os.getppid() will already read 1
+"""
+
+
+@pytest.mark.slow
+def test_a_child_orphaned_while_starting_notices_its_parent_is_gone(tmp_path):
+    report = tmp_path / "report"
+    cmd = [sys.executable, "-c", ORPHANING_SCRIPT, str(report)]
+    proc, marker = popen_marked(cmd, REPO)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 120  # the child imports torch on a busy box
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    while processes_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in processes_with_marker(marker):
+        os.kill(pid, signal.SIGKILL)
+    assert report.exists() and report.read_text() == "noticed"
+
+
+def test_parent_alive_outside_multiprocessing():
+    assert parent_alive()  # the test process has no multiprocessing parent to watch
