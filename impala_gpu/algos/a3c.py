@@ -133,8 +133,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         state = checkpoint_state(cfg, spec, shared_model, optimizer, counters, tele, start)
         state.update(resumes=resumed.get("resumes", -1) + 1, wandb_id=logger.wandb_id)
         state["metrics_lines"] = count_lines(logger.path)
-        mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
-        checkpointer.save(state, state["frames"], mean_return)
+        checkpointer.save(state, state["frames"], tele.mean_return())
         if stopped:
             save_weights(shared_model, Path(run_dir) / "model.pt")
 
@@ -183,10 +182,7 @@ def checkpoint_state(
         "elapsed_s": time.perf_counter() - start,
         "rng": rng_state(),
         "config": to_container(cfg),
-        "episode_returns": list(tele.episode_returns),
-        "episode_lengths": list(tele.episode_lengths),
-        "episodes": tele.episodes,
-        "lag_counts": tele.lag_counts,
+        **tele.episode_record(),
     }
 
 
@@ -227,10 +223,7 @@ def restore(
     load_shared_optimizer_state(optimizer, ckpt["optimizer"])
     set_rng_state(ckpt["rng"])
     counters[-1, STEPS], counters[-1, UPDATES] = ckpt["agent_steps"], ckpt["version"]
-    tele.episode_returns.extend(ckpt["episode_returns"])
-    tele.episode_lengths.extend(ckpt["episode_lengths"])
-    tele.episodes = ckpt["episodes"]
-    tele.lag_counts = np.asarray(ckpt["lag_counts"], dtype=np.int64)
+    tele.load_episode_record(ckpt)
     at = f"{ckpt['frames']:,} frames (update {ckpt['version']})"
     print(f"impala_gpu: resumed from {path} at {at}")
     return ckpt

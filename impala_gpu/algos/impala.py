@@ -262,13 +262,9 @@ def save_checkpoint(cfg: Config, learner: Learner, reporter: Reporter) -> Path:
         "config": to_container(cfg),
         "metrics_lines": count_lines(reporter.logger.path),
         "wandb_id": reporter.logger.wandb_id,
-        "episode_returns": list(tele.episode_returns),
-        "episode_lengths": list(tele.episode_lengths),
-        "episodes": tele.episodes,
-        "lag_counts": tele.lag_counts,
+        **tele.episode_record(),
     }
-    mean_return = float(np.mean(tele.episode_returns)) if tele.episode_returns else None
-    return reporter.checkpointer.save(checkpoint, state.frames, mean_return)
+    return reporter.checkpointer.save(checkpoint, state.frames, tele.mean_return())
 
 
 def restore(resume: str, model, optimizer, scheduler, state: LearnerState, tele: Telemetry) -> dict:
@@ -289,10 +285,7 @@ def restore(resume: str, model, optimizer, scheduler, state: LearnerState, tele:
     state.version, state.frames = ckpt["version"], ckpt["frames"]
     state.start = time.perf_counter() - ckpt["elapsed_s"]
     state.resumes = ckpt["resumes"] + 1
-    tele.episode_returns.extend(ckpt["episode_returns"])
-    tele.episode_lengths.extend(ckpt["episode_lengths"])
-    tele.episodes = ckpt["episodes"]
-    tele.lag_counts = np.asarray(ckpt["lag_counts"], dtype=np.int64)
+    tele.load_episode_record(ckpt)
     print(f"impala_gpu: resumed from {path} at {state.frames:,} frames (update {state.version})")
     return ckpt
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,6 +68,26 @@ class Telemetry:
     def lag_histogram(self) -> dict[str, list[int]]:
         """The whole run's per-sample policy lag: ``counts[k]`` samples had lag ``bins[k]``."""
         return {"bins": list(range(len(self.lag_counts))), "counts": self.lag_counts.tolist()}
+
+    def episode_record(self) -> dict[str, Any]:
+        """The episodes and lags so far, as a checkpoint keeps them (``load_episode_record``)."""
+        return {
+            "episode_returns": list(self.episode_returns),
+            "episode_lengths": list(self.episode_lengths),
+            "episodes": self.episodes,
+            "lag_counts": self.lag_counts.copy(),
+        }
+
+    def load_episode_record(self, saved: dict[str, Any]) -> None:
+        """Go on from a checkpoint's ``episode_record``."""
+        self.episode_returns.extend(saved["episode_returns"])
+        self.episode_lengths.extend(saved["episode_lengths"])
+        self.episodes = saved["episodes"]
+        self.lag_counts = np.asarray(saved["lag_counts"], dtype=np.int64)
+
+    def mean_return(self) -> float | None:
+        """The mean over the last 100 episodes; None before the first ends."""
+        return float(np.mean(self.episode_returns)) if self.episode_returns else None
 
     def add_episodes(self, episodes: list[tuple[float, int]]) -> None:
         for ret, length in episodes:

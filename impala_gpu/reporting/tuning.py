@@ -90,4 +90,4 @@ def measured_faster(cfg: Config, alternatives: dict[Candidate, float] | None) ->
     if (best.num_actors, best.envs_per_actor) != (current.num_actors, current.envs_per_actor):
         tips.append(f"num_actors={best.num_actors} envs_per_actor={best.envs_per_actor}")
     ratio = alternatives[best] / alternatives[current]
-    return [*tips, f"(measured here: {ratio:.2f}x predicted)"]
+    return [*tips, f"(this machine's calibration: {ratio:.2f}x faster)"]
