@@ -115,6 +115,8 @@ class ActorPool:
         )
         p.start()
         self.procs[i] = p
+        # Its first unroll logs actor_ready (and how long the start-up took).
+        self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, UNROLLS]))
 
     def drain(self) -> None:
         """Route actor messages: episode stats to telemetry, errors kept as causes of death."""
@@ -176,7 +178,6 @@ class ActorPool:
         reclaimed = self.slots.reclaim(i, self.ctx.Queue(), self.ctx.Queue())
         seed = replacement_seed(self.cfg, self.seed_salt, self.restarts)
         self._spawn(i, seed)
-        self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, UNROLLS]))
         self.on_event(
             {
                 "event": "actor_replaced",

@@ -45,6 +45,10 @@ def events(run_dir):
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def ready_actors(run_dir) -> set[int]:
+    return {e["actor"] for e in events(run_dir) if e["event"] == "actor_ready"}
+
+
 def wait_for(cond, timeout, what):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -60,13 +64,12 @@ def run_with_faults(tmp_path, inject, *overrides, expect_rc=0):
     cmd = cli_command(run_dir, "experiment=cartpole_impala", "log_interval_s=0.5", *overrides)
     proc, marker = popen_marked(cmd, tmp_path)
     try:
-        # A line, not just the file (the logger creates it before the actors start): the
-        # actors are running, so a fault hits a working actor, not one still starting up.
-        metrics = run_dir / "metrics.jsonl"
+        # Every actor has sent an unroll, so a fault hits a working actor, not one still
+        # starting up (those get STARTUP_GRACE_S: a SIGSTOP then would not count as a hang).
         wait_for(
-            lambda: (metrics.exists() and metrics.read_text().strip()) or proc.poll() is not None,
+            lambda: len(ready_actors(run_dir)) == 2 or proc.poll() is not None,
             120,
-            "the first metrics line",
+            "both actors' first unrolls",
         )
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         inject(proc, run_dir)
@@ -106,7 +109,8 @@ def test_dead_actor_is_replaced_and_training_completes(tmp_path, sig, cause):
     replaced = [e for e in events(run_dir) if e["event"] == "actor_replaced"]
     assert len(replaced) == 1 and cause in replaced[0]["cause"], (replaced, err[-4000:])
     assert replaced[0]["slots_reclaimed"] > 0
-    assert any(e["event"] == "actor_ready" for e in events(run_dir)), "the replacement never ran"
+    after = events(run_dir)[[e["event"] for e in events(run_dir)].index("actor_replaced") :]
+    assert any(e["event"] == "actor_ready" for e in after), "the replacement never ran"
     assert cause in err
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["frames"] >= 150_000 and metrics[-1]["actor_restarts"] == 1
