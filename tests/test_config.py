@@ -96,6 +96,7 @@ def _experiment_values(name: str) -> dict:
     """The keys an experiment file sets, merged over those of the experiments it lists in its
     defaults (other entries there, like ``override /env``, are config groups), as a nested dict."""
     own = OmegaConf.load(Path(CONF_DIR) / "experiment" / f"{name}.yaml")
+    own.pop("hydra", None)  # the sweeper's grid: Hydra's settings, not the run's config
     parents = [d for d in own.pop("defaults", []) if isinstance(d, str) and not d.startswith("/")]
     merged = OmegaConf.merge(*(_experiment_values(p) for p in parents), own)
     return OmegaConf.to_container(merged)
@@ -115,6 +116,8 @@ def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
         ("cartpole_impala", "CartPole-v1", "mlp"),
         ("pong_impala", "ALE/Pong-v5", "shallow"),
         ("breakout_impala", "ALE/Breakout-v5", "shallow"),
+        ("lag_study", "LunarLander-v3", "mlp"),
+        ("lag_study_minatar", "MinAtar/Breakout-v1", "minatar"),
     ],
 )
 def test_compose_experiment(hydra_compose, experiment, env_id, model):
