@@ -44,9 +44,6 @@ def algo_registry() -> dict[str, Any]:
     }
 
 
-RESUMABLE = ("impala", "impala_nocorrection", "a2c")  # A3C keeps no optimizer checkpoints
-
-
 def _sweep_info() -> tuple[str, dict[str, Any]]:
     hc = HydraConfig.get()
     info: dict[str, Any] = {}
@@ -86,7 +83,7 @@ def run(dcfg: DictConfig) -> float:
         if done is not None:
             _say_sweep(sweep, f"already finished in {point_dir} ({DONE_FILE}); skipped")
             return float(done["objective"])
-        if dcfg.algo.name in RESUMABLE and list_checkpoints(point_dir):
+        if list_checkpoints(point_dir):  # every algo resumes from its own checkpoints
             dcfg.resume = str(point_dir)
             _say_sweep(sweep, "did not finish; resuming it from its last checkpoint")
         elif set_aside_unfinished(point_dir):
