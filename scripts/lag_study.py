@@ -47,13 +47,14 @@ def markdown(table: pd.DataFrame) -> str:
         "collapsed | mean abs log rho | KL(mu, pi) | lag (fresh / replayed) |"
     )
     lines = [head, "|" + "---|" * 10]
+    digits = {m: analysis.decimals(table, m) for m in ("final_return", "auc")}
     for _, r in table.iterrows():
         replay_lag = "" if pd.isna(r["replay_lag_mean"]) else f" / {r['replay_lag_mean']:.0f}"
         lines.append(
             f"| {analysis.CORRECTION_LABELS.get(r['correction'], r['correction'])} "
             f"| {r['bounded_lag']} | {r['replay']:.0%} | {r['seeds']} "
-            f"| {r['final_return']:.0f} [{r['final_return_lo']:.0f}, {r['final_return_hi']:.0f}] "
-            f"| {r['auc']:.0f} [{r['auc_lo']:.0f}, {r['auc_hi']:.0f}] "
+            f"| {analysis.interval(r, 'final_return', digits['final_return'])} "
+            f"| {analysis.interval(r, 'auc', digits['auc'])} "
             f"| {r['collapse_share']:.0%} | {r['mean_abs_log_rho']:.3f} "
             f"| {r['kl_behavior_target']:.4f} | {r['policy_lag_mean']:.0f}{replay_lag} |"
         )

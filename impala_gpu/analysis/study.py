@@ -131,8 +131,18 @@ def study_table(df: pd.DataFrame, keys=STUDY_KEYS, level: float = 0.95) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def _interval(row: pd.Series, metric: str) -> str:
-    return f"{row[metric]:.0f} [{row[f'{metric}_lo']:.0f}, {row[f'{metric}_hi']:.0f}]"
+def decimals(table: pd.DataFrame, metric: str = "final_return") -> int:
+    """Digits after the point that tell the table's cells apart: none for returns in the
+    hundreds (LunarLander), one for returns of a few points (MinAtar Breakout)."""
+    cols = [c for c in (metric, f"{metric}_lo", f"{metric}_hi") if c in table]
+    largest = table[cols].abs().max().max() if cols and len(table) else float("nan")
+    return 0 if not largest < 100 else 1
+
+
+def interval(row: pd.Series, metric: str, digits: int = 0) -> str:
+    """``mean [lo, hi]`` of ``metric`` in one row of ``study_table``."""
+    lo, hi = row[f"{metric}_lo"], row[f"{metric}_hi"]
+    return f"{row[metric]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def _setting(lag: int, replay: float) -> str:
@@ -147,6 +157,7 @@ def study_conclusion(table: pd.DataFrame, metric: str = "final_return") -> str:
     if table.empty:
         return "No runs."
     mattered, overlapped = [], []
+    digits = decimals(table, metric)
     for (lag, replay), sdf in table.groupby(["bounded_lag", "replay"], sort=True):
         by = {row["correction"]: row for _, row in sdf.iterrows()}
         if "vtrace" not in by:
@@ -158,8 +169,8 @@ def study_conclusion(table: pd.DataFrame, metric: str = "final_return") -> str:
             o = by[other]
             name = CORRECTION_LABELS.get(other, other)
             where = (
-                f"{_setting(lag, replay)}: V-trace {_interval(v, metric)} vs {name} "
-                f"{_interval(o, metric)}"
+                f"{_setting(lag, replay)}: V-trace {interval(v, metric, digits)} vs {name} "
+                f"{interval(o, metric, digits)}"
             )
             if v[f"{metric}_lo"] > o[f"{metric}_hi"]:
                 mattered.append(where + " (V-trace higher)")

@@ -11,6 +11,8 @@ from impala_gpu.analysis.study import (
     area_under_curve,
     bootstrap_ci,
     collapsed,
+    decimals,
+    interval,
     study_conclusion,
     study_table,
 )
@@ -88,3 +90,16 @@ def test_the_conclusion_names_where_correction_mattered_and_where_it_did_not():
     ) in text
     assert "Intervals overlapped (no measured difference) at lag 0: V-trace 230 [" in text
     assert "collapsed" not in text
+
+
+def test_small_returns_get_a_decimal_and_large_ones_none():
+    table = study_table(sweep_frame())
+    assert decimals(table) == 0  # returns in the hundreds: whole numbers tell cells apart
+    small = table.assign(
+        **{c: table[c] / 100 for c in ("final_return", "final_return_lo", "final_return_hi")}
+    )
+    assert decimals(small) == 1
+    row = small.iloc[0]
+    lo, hi = row["final_return_lo"], row["final_return_hi"]
+    assert interval(row, "final_return", 1) == f"{row['final_return']:.1f} [{lo:.1f}, {hi:.1f}]"
+    assert "." in study_conclusion(small).split("lag 32: V-trace ")[1].split(" [")[0]
