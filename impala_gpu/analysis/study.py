@@ -136,7 +136,7 @@ def decimals(table: pd.DataFrame, metric: str = "final_return") -> int:
     hundreds (LunarLander), one for returns of a few points (MinAtar Breakout)."""
     cols = [c for c in (metric, f"{metric}_lo", f"{metric}_hi") if c in table]
     largest = table[cols].abs().max().max() if cols and len(table) else float("nan")
-    return 0 if not largest < 100 else 1
+    return 1 if largest < 100 else 0  # NaN (no rows): whole numbers
 
 
 def interval(row: pd.Series, metric: str, digits: int = 0) -> str:

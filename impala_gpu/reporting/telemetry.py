@@ -128,9 +128,8 @@ class Telemetry:
             replay = np.asarray(w.replay_lags)
             out["replay_lag_mean"] = float(replay.mean())
             out["replay_lag_max"] = float(replay.max())
-        out["episode_return"] = (
-            float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
-        )
+        mean_return = self.mean_return()
+        out["episode_return"] = float("nan") if mean_return is None else mean_return
         out["episode_length"] = (
             float(np.mean(self.episode_lengths)) if self.episode_lengths else float("nan")
         )

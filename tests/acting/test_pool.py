@@ -109,7 +109,8 @@ def test_dead_actor_is_replaced_and_training_completes(tmp_path, sig, cause):
     replaced = [e for e in events(run_dir) if e["event"] == "actor_replaced"]
     assert len(replaced) == 1 and cause in replaced[0]["cause"], (replaced, err[-4000:])
     assert replaced[0]["slots_reclaimed"] > 0
-    after = events(run_dir)[[e["event"] for e in events(run_dir)].index("actor_replaced") :]
+    logged = events(run_dir)
+    after = logged[[e["event"] for e in logged].index("actor_replaced") :]
     assert any(e["event"] == "actor_ready" for e in after), "the replacement never ran"
     assert cause in err
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
