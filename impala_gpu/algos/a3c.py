@@ -5,7 +5,9 @@ memory and starts ``cfg.num_actors`` workers. Each worker repeatedly copies the 
 into its local model, rolls out ``unroll_length`` steps of its own envs with them, computes the
 n-step actor-critic loss on that (on-policy) rollout, and applies its gradient to the shared
 model without a lock. The main process only watches: it gathers the workers' reports and logs
-the same metrics IMPALA logs, so the two baselines compare field by field.
+the same metrics IMPALA logs, so the two baselines compare field by field, network health
+included (worker 0 measures dead units and logit spread on its own rollout each log interval;
+every worker reports per-layer gradient norms).
 
 Config keys of the central learner (batch_size, num_slots, publish_interval, max_policy_lag,
 bounded_lag, refresh_every, learner_threads) do not apply here and are ignored. Checkpoints
@@ -49,6 +51,7 @@ from impala_gpu.learning.learner import (
 )
 from impala_gpu.learning.optim import RMSpropTF
 from impala_gpu.models import CoreState, Policy, build_model
+from impala_gpu.reporting import health
 from impala_gpu.reporting.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
@@ -58,6 +61,7 @@ from impala_gpu.reporting.checkpoint import (
     set_rng_state,
     truncate_lines,
 )
+from impala_gpu.reporting.health import HealthWatch
 from impala_gpu.reporting.logger import MetricsLogger
 from impala_gpu.reporting.progress import Progress
 from impala_gpu.reporting.telemetry import Telemetry
@@ -70,9 +74,10 @@ from impala_gpu.validate import ConfigError, resolve_device, validate_config
 STEPS, UPDATES, DONE = range(3)
 NUM_COUNTERS = 3
 
-# A worker's report after each update: (worker_id, stats [len(STAT_NAMES)] float32, policy lag,
-# finished episodes [(raw return, length), ...]).
-Report = tuple[int, np.ndarray, int, list[tuple[float, int]]]
+# A worker's report after each update: (worker_id, stats [len(STAT_NAMES) + layers] float32 (the
+# train_step stats, then each layer's gradient norm), policy lag, finished episodes
+# [(raw return, length), ...], network health (``health.measure``) or None when not measured).
+Report = tuple[int, np.ndarray, int, list[tuple[float, int]], dict[str, float] | None]
 
 
 @dataclass
@@ -101,7 +106,8 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     shared_model.share_memory()
     optimizer = make_shared_optimizer(shared_model, cfg.algo)
     counters = torch.zeros(cfg.num_actors + 1, NUM_COUNTERS, dtype=torch.int64).share_memory_()
-    tele = Telemetry(STAT_NAMES, cuda=False)
+    grad_names = health.grad_groups(shared_model)[0] if cfg.health.enabled else []
+    tele = Telemetry(STAT_NAMES + tuple(grad_names), cuda=False)
     resumed = restore(cfg.resume, shared_model, optimizer, counters, tele) if cfg.resume else {}
     if resumed:
         truncate_lines(Path(run_dir) / "metrics.jsonl", resumed["metrics_lines"])
@@ -347,12 +353,17 @@ def _work(
 ) -> None:
     """Copy the shared weights, roll out T steps, step the shared model; until told to stop."""
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
+    grad_groups = health.grad_groups(model)[1] if cfg.health.enabled else None
     rollout = Rollout(env, cfg, spec, seed)
     hogwild = HogwildStep(model, shared_model, optimizer)
     # A3C's loss is on-policy n-step returns: V-trace with the importance weights dropped.
     algo = dataclasses.replace(cfg.algo, correction="none")
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     counters = handles.counters
+    # One worker measures health: the weights are shared, and one sample per log line is what
+    # IMPALA's learner takes too.
+    measures_health = cfg.health.enabled and worker_id == 0
+    last_health = float("-inf")
     while not handles.stop.is_set() and parent_alive():
         frames = int(counters[:, STEPS].sum()) * spec.frames_per_step
         if frames >= cfg.total_frames:
@@ -362,7 +373,7 @@ def _work(
         batch, episodes = rollout.collect(model)
         for group in optimizer.param_groups:
             group["lr"] = cfg.algo.learning_rate * lr_factor(cfg, frames)
-        stats = train_step(model, hogwild, batch, algo, cfg.precision).numpy()  # type: ignore[arg-type]
+        stats = train_step(model, hogwild, batch, algo, cfg.precision, grad_groups).numpy()  # type: ignore[arg-type]
         # The data is on-policy, so the ratios are 1 (up to float noise, which would make the
         # "rho > 1" fractions meaningless): report the exact values.
         stats[_CLIPPED_RHO], stats[_CLIPPED_PG_RHO], stats[_MEAN_RHO] = 0.0, 0.0, 1.0
@@ -371,7 +382,15 @@ def _work(
         lag = int(counters[:, UPDATES].sum()) - seen
         counters[worker_id, STEPS] += steps_per_update
         counters[worker_id, UPDATES] += 1
-        handles.reports.put((worker_id, stats, lag, episodes))
+        measured = None
+        if measures_health and time.perf_counter() - last_health >= cfg.log_interval_s:
+            # On the weights that acted this rollout (the local copy; the update went to the
+            # shared model).
+            measured = health.measure(
+                model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
+            )
+            last_health = time.perf_counter()
+        handles.reports.put((worker_id, stats, lag, episodes, measured))
 
 
 _CLIPPED_RHO = STAT_NAMES.index("clipped_rho_fraction")
@@ -460,11 +479,15 @@ def monitor(
     before = handles.counters[-1]  # a resumed run's earlier work: its updates were reported then
     last_log, prev_steps, received = now, int(before[STEPS]), int(before[UPDATES])
     guard = NonfiniteGuard(cfg.max_nonfinite_updates)
+    watch = HealthWatch.from_config(cfg.health)
+    latest_health: dict[str, float] = {}
 
     def on_report(r: Report) -> None:
         nonlocal received
         received += 1
-        _, stats, lag, episodes = r
+        _, stats, lag, episodes, measured = r
+        if measured is not None:
+            latest_health.update(measured)
         if guard.tripped(stats):  # skipped updates: the shared weights are intact
             raise guard.error()
         tele.add_update(
@@ -485,6 +508,10 @@ def monitor(
                 m, hist = tele.flush()
                 m.update(_counter_metrics(cfg, spec, handles.counters, prev_steps, m["window_s"]))
                 m.update(elapsed_s=time.perf_counter() - run_start, time=time.time())
+                m.update(latest_health)
+                for text in watch.check(m, m["updates"]):
+                    logger.event({"event": "health_warning", "message": text, "frames": frames})
+                    print(f"impala_gpu: warning: {text}", file=sys.stderr, flush=True)
                 logger.log(m, hist)
                 logger.write_json("lag_hist.json", tele.lag_histogram())  # the whole run's lags
                 bar.update(m["frames"], m)

@@ -239,6 +239,13 @@ def test_cartpole_learns_with_two_workers(tmp_path, no_leaks):
     assert len(last["worker_updates"]) == 2 and min(last["worker_updates"]) > 0
     assert sum(last["worker_updates"]) == last["updates"]
     assert max(m.get("policy_lag_max") or 0 for m in metrics) > 0
+    # Network health, as IMPALA logs it: logit spread on worker 0's rollouts (and dead units,
+    # which this tanh MLP has none of), every layer's gradient norm from all workers' updates.
+    learning = [m for m in metrics if m["updates"] > 0]  # the first lines: workers starting
+    assert all("logit_spread" in m for m in learning[1:]), "health missing from lines"
+    assert last["logit_spread"] > 0.05  # a policy that learned looks at its input
+    assert {"grad_norm/fc1", "grad_norm/fc2", "grad_norm/policy", "grad_norm/value"} <= set(last)
+    assert all(last[f"grad_norm/{k}"] > 0 for k in ("fc1", "policy", "value"))
     lag_hist = json.loads((tmp_path / "lag_hist.json").read_text())
     assert sum(lag_hist["counts"]) == last["updates"]  # one lag sample per update
     weights = torch.load(tmp_path / "model.pt")
