@@ -4,8 +4,8 @@
         --thresholds 0,10,18 --png docs/compare_pong.png --md /tmp/compare_pong.md
 
 Each argument is a run dir or a tree of them (a sweep; archived runs with ``metrics.jsonl.gz``
-count too); runs are grouped by their config's ``algo.name``. Per algo: the seeds, frames and
-wall-clock to each threshold (median over the seeds that reached it, and how many did), the
+count too); runs are grouped by their config's ``algo.name``. Per algo: the seeds, each seed's
+frames and wall-clock to each threshold ("not in 15.0M": never, in the frames it played), the
 median frames/s, the learner's busy fraction and the mean policy lag over steady log windows
 (A3C: updates applied between a worker's weight copy and its own update; no central learner,
 so no busy fraction). The figure: mean return against frames and against wall-clock, one line
@@ -26,10 +26,10 @@ import pandas as pd  # noqa: E402
 
 from impala_gpu.analysis import (  # noqa: E402
     find_runs,
-    frames_to_threshold,
     load_run,
     runs_frame,
-    seconds_to_threshold,
+    summary_table,
+    threshold_times,
 )
 
 COLORS = {"impala": "tab:blue", "a2c": "tab:orange", "a3c": "tab:green"}
@@ -49,41 +49,39 @@ def load(paths: list[str]) -> pd.DataFrame:
 
 
 def table(df: pd.DataFrame, thresholds: list[float]) -> pd.DataFrame:
+    """Per algo: ``summary_table``'s seeds, frames/s, learner busy and lag, and each run's
+    frames and wall-clock to each threshold (``threshold_times``), as lists in seed order."""
+    summary = summary_table(df, by="algo").set_index("algo")
+    times = threshold_times(df, thresholds)
     rows = []
-    for algo, adf in df.groupby("algo", sort=True):
-        per_run = [r.sort_values("frames") for _, r in adf.groupby("run", sort=True)]
-        steady = pd.concat([r.iloc[1:] if len(r) > 1 else r for r in per_run])
-        row = {
-            "algo": algo,
-            "seeds": len(per_run),
-            "frames_max": max(float(r["frames"].iloc[-1]) for r in per_run),
-            "frames_per_s": float(steady["frames_per_s"].median()),
-            "learner_busy": float(steady["learner_busy"].mean()),
-            "policy_lag_mean": float(steady["policy_lag_mean"].mean()),
-        }
+    for algo, adf in times.groupby("algo", sort=True):
+        row = {"algo": algo, "seeds": len(adf), "frames_played": adf["frames"].tolist()}
+        row.update(summary.loc[algo, ["frames_per_s", "learner_busy", "policy_lag_mean"]])
         for t in thresholds:
-            frames = pd.Series([frames_to_threshold(r, t) for r in per_run], dtype="float64")
-            secs = pd.Series([seconds_to_threshold(r, t) for r in per_run], dtype="float64")
-            row[f"reached_{t:g}"] = int(frames.notna().sum())
-            row[f"frames_to_{t:g}"] = float(frames.median())
-            row[f"seconds_to_{t:g}"] = float(secs.median())
+            row[f"frames_to_{t:g}"] = adf[f"frames_to_{t:g}"].tolist()
+            row[f"seconds_to_{t:g}"] = adf[f"seconds_to_{t:g}"].tolist()
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _when(frames: float, seconds: float, played: float) -> str:
+    if math.isnan(frames):
+        return f"not in {played / 1e6:.1f}M"
+    return f"{frames / 1e6:.1f}M, {seconds / 60:.0f} min"
+
+
 def markdown(tab: pd.DataFrame, thresholds: list[float]) -> str:
+    """One row per algo; each threshold cell lists the seeds' frames and wall-clock to it."""
     head = ["algo", "seeds", *(f"to {t:g}: frames, wall-clock" for t in thresholds)]
     head += ["frames/s", "learner busy", "policy lag"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in tab.iterrows():
         cells = [r["algo"], f"{r['seeds']}"]
         for t in thresholds:
-            n, f, s = r[f"reached_{t:g}"], r[f"frames_to_{t:g}"], r[f"seconds_to_{t:g}"]
-            if n == 0:
-                cells.append(f"not reached in {r['frames_max'] / 1e6:.1f}M")
-            else:
-                of = "" if n == r["seeds"] else f" ({n} of {r['seeds']} seeds)"
-                cells.append(f"{f / 1e6:.1f}M, {s / 60:.0f} min{of}")
+            when = zip(
+                r[f"frames_to_{t:g}"], r[f"seconds_to_{t:g}"], r["frames_played"], strict=True
+            )
+            cells.append("; ".join(_when(*w) for w in when))
         busy = "—" if math.isnan(r["learner_busy"]) else f"{r['learner_busy']:.0%}"
         cells += [f"{r['frames_per_s']:,.0f}", busy, f"{r['policy_lag_mean']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")

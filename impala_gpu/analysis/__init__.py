@@ -54,6 +54,7 @@ from impala_gpu.analysis.summaries import (
     seconds_to_threshold,
     summary_keys,
     summary_table,
+    threshold_times,
 )
 
 __all__ = [
@@ -92,4 +93,5 @@ __all__ = [
     "seconds_to_threshold",
     "summary_keys",
     "summary_table",
+    "threshold_times",
 ]

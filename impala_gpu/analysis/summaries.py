@@ -101,6 +101,31 @@ def seconds_to_threshold(run_metrics: pd.DataFrame, threshold: float) -> float:
     return _first_reaching(run_metrics, threshold, "elapsed_s")
 
 
+def threshold_times(df: pd.DataFrame, thresholds: Sequence[float]) -> pd.DataFrame:
+    """When each run first reached each return: one row per run of a ``load_sweep`` frame.
+
+    Columns: ``run``, ``algo``, ``seed``, ``frames`` (the most it played), and per threshold
+    ``t``: ``frames_to_{t:g}`` and ``seconds_to_{t:g}`` (``frames_to_threshold`` and
+    ``seconds_to_threshold``; NaN: never got there). Rows sorted by algo, then seed.
+    """
+    rows = []
+    for run, rdf in df.groupby("run", sort=False):
+        row: dict[str, Any] = {
+            "run": run,
+            "algo": rdf["algo"].iloc[0],
+            "seed": rdf["seed"].iloc[0],
+            "frames": float(rdf["frames"].max()),
+        }
+        for t in thresholds:
+            row[f"frames_to_{t:g}"] = frames_to_threshold(rdf, t)
+            row[f"seconds_to_{t:g}"] = seconds_to_threshold(rdf, t)
+        rows.append(row)
+    columns = ["run", "algo", "seed", "frames"]
+    columns += [f"{k}_to_{t:g}" for t in thresholds for k in ("frames", "seconds")]
+    table = pd.DataFrame(rows, columns=columns)
+    return table.sort_values(["algo", "seed"], ignore_index=True)
+
+
 def _final_return(run_metrics: pd.DataFrame) -> float:
     ret = run_metrics["episode_return"].dropna()
     return float(ret.iloc[-1]) if len(ret) else math.nan

@@ -266,6 +266,22 @@ def test_summary_table(sweep: Path) -> None:
     assert never["frames_to_threshold"].isna().all()
 
 
+def test_threshold_times_lists_every_run(sweep: Path) -> None:
+    df = A.load_sweep(sweep)
+    t = A.threshold_times(df, [15, 20, 1000])
+    assert t["algo"].tolist() == ["a3c", "impala", "impala"] and t["seed"].tolist() == [0, 0, 1]
+    a3c, imp0, imp1 = (row for _, row in t.iterrows())
+    assert a3c["frames"] == 300 and imp0["frames"] == 400 and imp1["frames"] == 400
+    # The first logged line at or above each return (the fixture's docstring).
+    assert (a3c["frames_to_15"], a3c["seconds_to_15"]) == (200, 1.0)
+    assert (imp0["frames_to_20"], imp0["seconds_to_20"]) == (300, 3.0)
+    assert (imp1["frames_to_15"], imp1["seconds_to_20"]) == (200, 4.0)
+    assert t["frames_to_1000"].isna().all() and t["seconds_to_1000"].isna().all()
+    assert list(A.threshold_times(df.iloc[0:0], [5]).columns) == [
+        "run", "algo", "seed", "frames", "frames_to_5", "seconds_to_5"
+    ]
+
+
 def test_conclusion_reads_the_numbers(sweep: Path) -> None:
     df = A.load_sweep(sweep)
     text = A.conclusion(A.summary_table(df, threshold=20))
