@@ -278,7 +278,12 @@ def test_threshold_times_lists_every_run(sweep: Path) -> None:
     assert (imp1["frames_to_15"], imp1["seconds_to_20"]) == (200, 4.0)
     assert t["frames_to_1000"].isna().all() and t["seconds_to_1000"].isna().all()
     assert list(A.threshold_times(df.iloc[0:0], [5]).columns) == [
-        "run", "algo", "seed", "frames", "frames_to_5", "seconds_to_5"
+        "run",
+        "algo",
+        "seed",
+        "frames",
+        "frames_to_5",
+        "seconds_to_5",
     ]
 
 
