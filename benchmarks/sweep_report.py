@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_report.py sweeps/compare_cartpole --threshold 475
     python benchmarks/sweep_report.py sweeps/lag_cartpole
-    python benchmarks/sweep_report.py sweeps/compare_pong
+    python benchmarks/sweep_report.py sweeps/compare_cartpole --threshold 475 --by compare_cell
 
 Prints the per-group table (frames/s, learner busy, mean policy lag, final return, frames and
 wall-clock seconds to the threshold) and the generated conclusion; writes JSON.
@@ -23,6 +23,12 @@ from impala_gpu.analysis import conclusion, load_sweep, summary_table  # noqa: E
 from impala_gpu.sweep import failed_points  # noqa: E402
 
 
+def swept(run: str) -> dict[str, str]:
+    """The overrides in a sweep point's dir name: ``3_compare_cell=a3c,seed=0`` -> {...}."""
+    name = Path(run).name.split("_", 1)[-1]
+    return dict(kv.split("=", 1) for kv in name.split(",") if "=" in kv)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -30,9 +36,14 @@ def main() -> None:
     ap.add_argument("sweep_dir")
     ap.add_argument("--threshold", type=float, default=None)
     ap.add_argument("--out", default="bench_out")
+    ap.add_argument(
+        "--by", default=None, help="group by this swept override (from the run dirs' names)"
+    )
     args = ap.parse_args()
     df = load_sweep(args.sweep_dir)
-    table = summary_table(df, threshold=args.threshold)
+    if args.by:
+        df[args.by] = [swept(run).get(args.by) for run in df["run"]]
+    table = summary_table(df, threshold=args.threshold, by=[args.by] if args.by else None)
     text = conclusion(table, threshold=args.threshold)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string())

@@ -195,6 +195,7 @@ def summary_table(
         rows.append(row)
     table = pd.DataFrame(rows)
     table.attrs["threshold"] = threshold
+    table.attrs["keys"] = keys  # what conclusion() names each row by
     return table
 
 
@@ -278,6 +279,8 @@ def _fmt(v: float) -> str:
 
 
 def _group_keys(summary: pd.DataFrame) -> list[str]:
+    if "keys" in summary.attrs:
+        return list(summary.attrs["keys"])
     known = {"algo", "env", "seed", "refresh_every", "correction"}
     return [c for c in summary.columns if c in known]
 

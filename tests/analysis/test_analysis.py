@@ -427,3 +427,10 @@ def test_an_archived_run_reads_from_its_gzipped_metrics(tmp_path):
         -18.0,
         -17.0,
     ]
+
+
+def test_conclusion_names_rows_by_the_keys_they_were_grouped_by(sweep: Path) -> None:
+    df = A.load_sweep(sweep)
+    df["cell"] = df["algo"].map({"impala": "big", "a3c": "small"})
+    text = A.conclusion(A.summary_table(df, by=["cell"]))
+    assert "cell=small was the fastest" in text and "cell=big" in text
