@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from impala_gpu.acting.pool import describe_exit, stop_processes
 from impala_gpu.acting.rollout import EnvStepper, acting_process, parent_alive, sample_action
-from impala_gpu.algos.impala import save_weights, solved
+from impala_gpu.algos.impala import save_weights, solved, warn_health
 from impala_gpu.calibration import apply_auto
 from impala_gpu.channels.ring import numpy_to_torch_dtype
 from impala_gpu.config import AlgoCfg, Config, to_container
@@ -509,9 +509,7 @@ def monitor(
                 m.update(_counter_metrics(cfg, spec, handles.counters, prev_steps, m["window_s"]))
                 m.update(elapsed_s=time.perf_counter() - run_start, time=time.time())
                 m.update(latest_health)
-                for text in watch.check(m, m["updates"]):
-                    logger.event({"event": "health_warning", "message": text, "frames": frames})
-                    print(f"impala_gpu: warning: {text}", file=sys.stderr, flush=True)
+                warn_health(watch, logger, m, m["updates"])
                 logger.log(m, hist)
                 logger.write_json("lag_hist.json", tele.lag_histogram())  # the whole run's lags
                 bar.update(m["frames"], m)

@@ -239,9 +239,14 @@ class Reporter:
         )
 
     def warn_health(self, m: dict[str, Any]) -> None:
-        for text in self.health_watch.check(m, self.state.version):
-            self.logger.event({"event": "health_warning", "message": text, "frames": m["frames"]})
-            _say(f"warning: {text}")
+        warn_health(self.health_watch, self.logger, m, self.state.version)
+
+
+def warn_health(watch: HealthWatch, logger: MetricsLogger, m: dict[str, Any], updates: int) -> None:
+    """Judge one metrics line's health; record and print each new warning."""
+    for text in watch.check(m, updates):
+        logger.event({"event": "health_warning", "message": text, "frames": m["frames"]})
+        _say(f"warning: {text}")
 
 
 def _say(text: str) -> None:

@@ -253,6 +253,20 @@ def test_cartpole_learns_with_two_workers(tmp_path, no_leaks):
     assert all(not torch.equal(weights[k], init[k]) for k in init)
 
 
+def test_health_warnings_are_recorded_and_printed(tmp_path, no_leaks, capfd):
+    # A bar no policy clears, judged from the first update: every run must warn, once.
+    cfg = make_cfg(
+        "total_frames=6000", "log_interval_s=0.5", "health.min_logit_spread=1e9",
+        "health.warmup_updates=0",
+    )  # fmt: skip
+    a3c.train(cfg, tmp_path)
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    warned = [e for e in map(json.loads, lines) if e["event"] == "health_warning"]
+    assert len(warned) == 1 and "the policy barely depends on its input" in warned[0]["message"]
+    assert warned[0]["frames"] > 0
+    assert "impala_gpu: warning: the policy barely depends on its input" in capfd.readouterr().err
+
+
 IMPALA_FIELDS = {
     "frames",
     "agent_steps",
