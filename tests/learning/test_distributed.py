@@ -91,10 +91,6 @@ def distributed_spec():
     return env_spec(EnvCfg(id="CartPole-v1"))
 
 
-def names(lstm: bool) -> list[str]:
-    return [n for n, _ in fresh_model(lstm).named_parameters()]
-
-
 def test_two_learners_at_half_batch_make_one_learners_update():
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -110,10 +106,12 @@ def test_two_learners_at_half_batch_make_one_learners_update():
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     for (reduction, lstm), params in zip(CASES, got, strict=True):
         want = one_learner(reduction, lstm)
-        start = list(fresh_model(lstm).parameters())
-        moved = max(float((w - s.detach()).abs().max()) for w, s in zip(want, start, strict=True))
+        start = dict(fresh_model(lstm).named_parameters())
+        moved = max(
+            float((w - s.detach()).abs().max()) for w, s in zip(want, start.values(), strict=True)
+        )
         assert moved > 1e-3, "the updates did not move anything"
-        for name, g, w in zip(names(lstm), params, want, strict=True):
+        for name, g, w in zip(start, params, want, strict=True):
             torch.testing.assert_close(
                 torch.from_numpy(g),
                 w,
