@@ -199,7 +199,9 @@ def test_two_node_cluster_trains_through_a_killed_actor(tmp_path):
             f"ray.address={HEAD}:{PORT}",
             f"ray.node_ip_address={HEAD}",
             "precision=fp32",
-            "total_frames=400000",
+            # The run stops at 150; the budget is only a ceiling. 400K frames was too tight:
+            # one CI run, its actor killed early, ended there at a mean return of 149.1
+            "total_frames=1000000",
             "target_return=150",
             "log_interval_s=1",
         )
