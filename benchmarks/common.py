@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -14,19 +13,13 @@ from typing import Any
 
 import torch
 
+from impala_gpu.calibration import cpu_model
+
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     info = {
         "cores": os.cpu_count(),
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "date": time.strftime("%Y-%m-%d"),

@@ -134,6 +134,43 @@ def test_cartpole_calibrates_once_then_starts_from_the_cache(tmp_path, monkeypat
     ) is None  # another workload: not measured, so the hint will guess nothing  # fmt: skip
 
 
+def test_a_new_library_version_or_cpu_measures_again(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path / "cache"))
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), model=ModelCfg(name="mlp", hidden_size=32))
+    cal.apply_auto(cfg, tmp_path / "run")
+    assert "measured now" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".next")
+    cal.apply_auto(cfg, tmp_path / "run")
+    assert "measured now" in capsys.readouterr().err
+    monkeypatch.setattr(cal, "cpu_model", lambda: "Another CPU (family 6 model 1; avx2)")
+    cal.apply_auto(cfg, tmp_path / "run")
+    assert "measured now" in capsys.readouterr().err
+    cache = json.loads((tmp_path / "cache" / "calibration.json").read_text())
+    assert len(cache) == 3, list(cache)
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: {model}
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx2 avx512f {flags}
+
+processor\t: 1
+model\t\t: 999
+"""
+
+
+def test_cpus_with_one_name_but_other_speed_flags_are_told_apart():
+    amx = cal.cpu_model(CPUINFO.format(model=167, flags="avx512_bf16 amx_bf16 amx_tile"))
+    older = cal.cpu_model(CPUINFO.format(model=207, flags="avx512_vnni"))
+    assert (
+        amx == "Intel(R) Xeon(R) Processor (family 6 model 167; avx2 avx512f avx512_bf16 amx_bf16)"
+    )
+    assert older == "Intel(R) Xeon(R) Processor (family 6 model 207; avx2 avx512f avx512_vnni)"
+    assert cal.cpu_model("model name\t: Some ARM core\n") == "Some ARM core"
+
+
 def test_contenders_are_the_candidates_the_model_puts_within_the_margin():
     preds = {
         Candidate("fp32", 1, 32): 5100.0,
