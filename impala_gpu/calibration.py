@@ -383,7 +383,8 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     """The CPU's name, model number and speed-relevant flags, from ``/proc/cpuinfo`` text.
 
     Cloud VMs often report one name ("Intel(R) Xeon(R) Processor") for CPUs that differ in
-    exactly what matters here: one had bf16 1.4x faster than fp32, another 0.8x. So the
+    exactly what matters here: under that name, one box ran the Pong defaults in bf16 at 1.4x
+    fp32's frames/s (model 167, AMX) and another at 0.4x (model 207, no AVX-512 BF16). So the
     model number and the flags are part of the name, and of the calibration cache's key.
     """
     if cpuinfo is None:
@@ -412,6 +413,7 @@ def machine_key(device: torch.device) -> dict[str, Any]:
     import gymnasium
 
     from impala_gpu import __version__
+    from impala_gpu.speed import allocator
 
     try:
         import ale_py
@@ -428,7 +430,7 @@ def machine_key(device: torch.device) -> dict[str, Any]:
         "ale_py": ale,
         "gymnasium": gymnasium.__version__,
         "impala_gpu": __version__,
-        "allocator": "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc",
+        "allocator": allocator(),
     }
 
 
