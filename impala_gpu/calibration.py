@@ -265,7 +265,7 @@ def _to(x, device):
 
 def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -> float:
     """Seconds per update at ``[T, B]`` on synthetic data (fresh model and optimizer)."""
-    from impala_gpu.learning.learner import make_optimizer, train_step
+    from impala_gpu.learning.learner import make_optimizer, sgd_steps
     from impala_gpu.models import build_model
     from impala_gpu.speed import compile_model
 
@@ -275,7 +275,7 @@ def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -
     batch = _synthetic_batch(spec, cfg.unroll_length, B, model, device)
 
     def update() -> None:
-        train_step(model, optimizer, batch, cfg.algo, precision)[0].item()  # .item(): sync
+        sgd_steps(model, optimizer, batch, cfg.algo, precision)[0].item()  # .item(): sync
 
     with _threads(threads):
         return _median_time(update, min_reps=3, min_s=0.3, warmup=2 if cfg.compile else 1)

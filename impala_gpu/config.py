@@ -57,6 +57,9 @@ class AlgoCfg:
         "vtrace"  # vtrace | none (no importance weights) | is1 (1-step IS: rho-weighted pg)
     )
     normalize_advantages: bool = False  # pg advantages to mean 0, std 1 per batch (PPO, SF)
+    epochs: int = 1  # SGD passes over each batch (sample reuse; > 1 wants ppo_clip > 0)
+    minibatches: int = 1  # each pass splits the batch's B trajectories into this many steps
+    ppo_clip: float = 0.0  # > 0: PPO's clipped surrogate on pi/mu with V-trace targets (APPO)
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
     optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam
     learning_rate: float = 6e-4  # initial learning rate

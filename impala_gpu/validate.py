@@ -74,6 +74,33 @@ def validate_replay(cfg: Config) -> None:
         )
 
 
+def validate_sample_reuse(cfg: Config) -> None:
+    """``algo.epochs``, ``algo.minibatches`` and ``algo.ppo_clip``."""
+    algo = cfg.algo
+    for key in ("epochs", "minibatches"):
+        v = getattr(algo, key)
+        _require(v >= 1, f"algo.{key}={v} must be >= 1. Fix: algo.{key}=1 (no sample reuse).")
+    _require(
+        algo.ppo_clip >= 0,
+        f"algo.ppo_clip={algo.ppo_clip} must be >= 0. Fix: algo.ppo_clip=0 (V-trace's policy "
+        "gradient) or e.g. 0.1 (PPO's clipped surrogate).",
+    )
+    share = cfg.batch_size // max(1, cfg.learners)
+    _require(
+        algo.minibatches <= share,
+        f"algo.minibatches={algo.minibatches} is more than the {share} trajectories each "
+        f"learner gets per batch (batch_size={cfg.batch_size}, learners={cfg.learners}). Fix: "
+        f"algo.minibatches<={share}, or a larger batch_size.",
+    )
+    if algo.epochs > 1 or algo.minibatches > 1:
+        _require(
+            algo.name in ("impala", "impala_nocorrection"),
+            f"algo.epochs={algo.epochs}, algo.minibatches={algo.minibatches} with "
+            f"algo={algo.name}: sample reuse is IMPALA's (A2C's barrier and A3C's workers "
+            "take one step per rollout). Fix: algo.epochs=1 algo.minibatches=1, or algo=impala.",
+        )
+
+
 def validate_runtime(cfg: Config) -> None:
     """``runtime`` and its ``ray.*`` keys."""
     _require(
@@ -169,6 +196,7 @@ def validate_config(cfg: Config) -> None:
         algo.lr_decay_frames >= 0,
         f"algo.lr_decay_frames={algo.lr_decay_frames} must be >= 0 (0: decay over total_frames).",
     )
+    validate_sample_reuse(cfg)
     try:
         correction_name(algo.correction)
     except ValueError as e:

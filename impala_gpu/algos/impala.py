@@ -34,7 +34,7 @@ from impala_gpu.learning.learner import (
     Learner,
     LearnerState,
     build_learner,
-    train_step,
+    sgd_steps,
 )
 from impala_gpu.reporting import health
 from impala_gpu.reporting.checkpoint import (
@@ -371,7 +371,7 @@ def update(
     timer = _GpuTimer() if batch.obs.is_cuda else None
     if par is not None:  # learners > 1: this rank trains on its share, DDP averages gradients
         model, (share, grad_scale) = par.model, par.share(batch)
-    stats = train_step(
+    stats = sgd_steps(
         model, learner.optimizer, share, cfg.algo, cfg.precision, learner.grad_groups, grad_scale
     )
     if par is not None:

@@ -264,7 +264,7 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
     import signal
 
     from impala_gpu.envs import env_spec
-    from impala_gpu.learning.learner import build_learner, train_step
+    from impala_gpu.learning.learner import build_learner, sgd_steps
     from impala_gpu.speed import default_learner_threads
     from impala_gpu.validate import resolve_device
 
@@ -289,7 +289,7 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
         scatter = BatchScatter(share_shapes(cfg, spec, rdv.world), rdv.world, device)
         while scatter.signal(go=False):  # the flag is rank 0's
             share = scatter.scatter(None)
-            stats = train_step(
+            stats = sgd_steps(
                 model,
                 learner.optimizer,
                 share,

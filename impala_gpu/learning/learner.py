@@ -124,6 +124,7 @@ def train_step(
         reduction=algo.reduction,
         correction=algo.correction,
         normalize_advantages=algo.normalize_advantages,
+        ppo_clip=algo.ppo_clip,
     )
     optimizer.zero_grad(set_to_none=True)
     (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
@@ -155,6 +156,43 @@ def train_step(
     return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
 
 
+def minibatch(batch: Batch, index: Tensor) -> Batch:
+    """The trajectories ``index`` ``[b]`` of ``batch``: step fields ``[T+1, b, ...]``."""
+    on_device = index.to(batch.obs.device)
+    steps = {
+        name: getattr(batch, name).index_select(1, on_device)
+        for name in ("obs", "reward", "terminated", "truncated", "first", "action", "logits")
+    }
+    core = tuple(c.index_select(0, on_device) for c in batch.core_state)
+    return Batch(**steps, core_state=core, versions=batch.versions, replayed=batch.replayed)
+
+
+def sgd_steps(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    algo: AlgoCfg,
+    precision: str = "fp32",
+    grad_groups: list[list[nn.Parameter]] | None = None,
+    grad_scale: float = 1.0,
+) -> Tensor:
+    """``algo.epochs`` passes over ``batch``, each in ``algo.minibatches`` shuffled
+    ``train_step``s over whole trajectories (PPO's sample reuse; each step recomputes V-trace
+    with the current weights). Returns the steps' mean stats, in ``train_step``'s layout; the
+    ``nonfinite`` entry is the fraction of steps skipped."""
+    if algo.epochs == 1 and algo.minibatches == 1:
+        return train_step(model, optimizer, batch, algo, precision, grad_groups, grad_scale)
+    B = batch.obs.shape[1]
+    total = None
+    for _ in range(algo.epochs):
+        for index in torch.randperm(B).chunk(algo.minibatches):
+            stats = train_step(
+                model, optimizer, minibatch(batch, index), algo, precision, grad_groups, grad_scale
+            )
+            total = stats if total is None else total + stats
+    return total / (algo.epochs * algo.minibatches)
+
+
 _NONFINITE = STAT_NAMES.index("nonfinite")
 
 
@@ -166,8 +204,9 @@ class NonfiniteGuard:
         self.limit, self.streak = limit, 0
 
     def tripped(self, stats: np.ndarray) -> bool:
-        """Take one update's stats (STAT_NAMES order); True once the streak reaches the limit."""
-        self.streak = self.streak + 1 if stats[_NONFINITE] else 0
+        """Take one update's stats (STAT_NAMES order); True once the streak reaches the limit.
+        With sample reuse an update is several steps: it counts when every one was skipped."""
+        self.streak = self.streak + 1 if stats[_NONFINITE] >= 1.0 else 0
         return self.streak >= self.limit
 
     def error(self, saved: Path | None = None) -> FloatingPointError:

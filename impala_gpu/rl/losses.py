@@ -21,6 +21,7 @@ from impala_gpu.rl import vtrace
 __all__ = [
     "CORRECTIONS",
     "LossOutput",
+    "clipped_surrogate",
     "correction_name",
     "discounts_from_terminated",
     "impala_loss",
@@ -169,6 +170,7 @@ def impala_loss(
     reduction: str = "sum",
     correction: str | bool = "vtrace",
     normalize_advantages: bool = False,
+    ppo_clip: float = 0.0,
 ) -> LossOutput:
     """IMPALA loss with V-trace targets.
 
@@ -194,6 +196,11 @@ def impala_loss(
         normalize_advantages: Scale the policy-gradient advantages to mean 0 and standard
             deviation 1 over the batch's valid steps (PPO, Sample Factory), so the policy's
             signal keeps its size when rewards are rare; the value targets are unchanged.
+        ppo_clip: 0 keeps V-trace's policy gradient. ``epsilon > 0`` replaces it with PPO's
+            clipped surrogate ``min(r_t A_t, clip(r_t, 1 - epsilon, 1 + epsilon) A_t)`` on the
+            ratio ``r_t = pi(a_t|x_t) / mu(a_t|x_t)`` to the behaviour policy and the
+            advantage ``A_t = r_t + gamma_t vs_{t+1} - V(x_t)`` (APPO): the trust region
+            that lets one batch serve several SGD steps (``algo.epochs``).
 
     Returns:
         :class:`LossOutput`.
@@ -225,10 +232,28 @@ def impala_loss(
 
     if correction == "is1":
         pg_advantages = _clipped_rhos(true_log_rhos, valid, clip_pg_rho_threshold) * pg_advantages
+    if ppo_clip > 0:
+        pg_advantages = _one_step_advantages(vs, rewards, discounts, values_t, bootstrap_value)
     if normalize_advantages:
         pg_advantages = normalized(pg_advantages, valid)
     values_f = values_t.float()
-    pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
+    if ppo_clip > 0:
+        pg_sum = -_masked_sum(
+            clipped_surrogate(
+                # 0 at invalid steps: their behaviour logits may be garbage, and a NaN there
+                # would reach the gradient through exp() even where the sum masks it out.
+                torch.where(
+                    valid,
+                    target_action_log_probs - behavior_action_log_probs,
+                    torch.zeros_like(behavior_action_log_probs),
+                ),
+                pg_advantages,
+                ppo_clip,
+            ),
+            valid,
+        )
+    else:
+        pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
     baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)
 
     entropy_sum = _masked_sum(policy_entropy(target_logits_t), valid)
@@ -256,6 +281,36 @@ def impala_loss(
         valid,
         (clip_rho_threshold, clip_pg_rho_threshold),
     )
+
+
+def clipped_surrogate(
+    log_ratio_t: torch.Tensor, advantages_t: torch.Tensor, epsilon: float
+) -> torch.Tensor:
+    """PPO's clipped objective per step, ``[T, B] -> [T, B]``, to be maximised:
+    ``min(r A, clip(r, 1 - epsilon, 1 + epsilon) A)`` with ``r = exp(log_ratio_t)``.
+    Gradient flows through ``log_ratio_t`` only."""
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    # The clamp keeps a wildly off-policy step's ratio finite (it is clipped away anyway).
+    ratio = torch.exp(log_ratio_t.clamp(max=20.0))
+    advantages_t = advantages_t.detach()
+    return torch.minimum(
+        ratio * advantages_t, ratio.clamp(1.0 - epsilon, 1.0 + epsilon) * advantages_t
+    )
+
+
+@torch.no_grad()
+def _one_step_advantages(
+    vs: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    values_t: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+) -> torch.Tensor:
+    """``r_t + gamma_t vs_{t+1} - V(x_t)`` ``[T, B]``: V-trace's pg advantage without its
+    ratio factor, which PPO's surrogate applies itself."""
+    vs_tp1 = torch.cat([vs[1:], bootstrap_value.detach().float().unsqueeze(0)], dim=0)
+    return rewards.float() + discounts.float() * vs_tp1 - values_t.detach().float()
 
 
 @torch.no_grad()
