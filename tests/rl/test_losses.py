@@ -430,3 +430,79 @@ def test_off_policy_diagnostics_match_numpy() -> None:
     np.testing.assert_allclose(float(out.kl_behavior_target), kl[valid].mean(), rtol=1e-5)
     on = run_loss(make_batch(14, on_policy=True))
     assert float(on.mean_abs_log_rho) == 0.0 and abs(float(on.kl_behavior_target)) < 1e-6
+
+
+def brute_force_ppo_pg_sum(batch: dict[str, torch.Tensor], epsilon: float) -> float:
+    """-sum_t min(r_t A_t, clip(r_t) A_t), with V-trace's vs from a plain numpy recursion and
+    A_t = r_t + gamma vs_{t+1} - V(x_t)."""
+    logits = batch["target_logits_t"].double().numpy()
+    mu_logits = batch["behavior_logits"].double().numpy()
+    a = batch["actions"].numpy()
+    rew, disc = batch["rewards"].double().numpy(), batch["discounts"].double().numpy()
+    v, boot = batch["values_t"].double().numpy(), batch["bootstrap_value"].double().numpy()
+    T, B = a.shape
+
+    def logp(lg):
+        lse = np.log(np.exp(lg).sum(-1))
+        return np.take_along_axis(lg, a[..., None], -1)[..., 0] - lse
+
+    ratio = np.exp(logp(logits) - logp(mu_logits))
+    rho, c = np.minimum(1.0, ratio), np.minimum(1.0, ratio)
+    vs = np.zeros((T, B))
+    for b in range(B):
+        for s in range(T):
+            acc, prod = v[s, b], 1.0
+            for t in range(s, T):
+                v_tp1 = v[t + 1, b] if t + 1 < T else boot[b]
+                acc += (
+                    prod
+                    * disc[s:t, b].prod()
+                    * rho[t, b]
+                    * (rew[t, b] + disc[t, b] * v_tp1 - v[t, b])
+                )
+                prod *= c[t, b]
+            vs[s, b] = acc
+    vs_tp1 = np.concatenate([vs[1:], boot[None]], 0)
+    adv = rew + disc * vs_tp1 - v
+    surrogate = np.minimum(ratio * adv, np.clip(ratio, 1 - epsilon, 1 + epsilon) * adv)
+    return float(-surrogate.sum())
+
+
+def test_ppo_surrogate_matches_brute_force() -> None:
+    batch = make_batch(3, T=6, B=3)
+    out = run_loss(batch, ppo_clip=0.2, reduction="sum")
+    assert out.pg_loss.item() == pytest.approx(brute_force_ppo_pg_sum(batch, 0.2), rel=1e-5)
+
+
+def test_ppo_surrogate_gradient_is_zero_where_the_ratio_is_clipped() -> None:
+    # Far off-policy (ratios outside [0.9, 1.1]) the clipped branch is the min for A > 0 and
+    # r > 1 + eps, or A < 0 and r < 1 - eps: those steps give the policy no gradient.
+    batch = make_batch(4, T=5, B=4)
+    logits = batch["target_logits_t"]
+    out = run_loss(batch, ppo_clip=0.1, reduction="sum")
+    log_pi = torch.log_softmax(logits, -1).gather(-1, batch["actions"][..., None])[..., 0]
+    log_mu = torch.log_softmax(batch["behavior_logits"], -1).gather(
+        -1, batch["actions"][..., None]
+    )[..., 0]
+    ratio = torch.exp(log_pi - log_mu)
+    adv = out.pg_advantages
+    clipped = ((adv > 0) & (ratio > 1.1)) | ((adv < 0) & (ratio < 0.9))
+    assert clipped.any() and (~clipped).any()
+    # Only the pg term differs between the two losses: compare with entropy off.
+    batch["target_logits_t"] = logits.detach().clone().requires_grad_(True)
+    run_loss(batch, ppo_clip=0.1, reduction="sum", entropy_cost=0.0).total.backward()
+    grad = batch["target_logits_t"].grad
+    assert torch.all(grad[clipped] == 0)
+    assert torch.all(grad[~clipped].abs().sum(-1) > 0)
+
+
+def test_ppo_surrogate_on_policy_has_the_plain_gradient() -> None:
+    # r = 1: the surrogate's gradient is A * grad log pi, V-trace's pg with rho = 1.
+    batch = make_batch(5, on_policy=True)
+    grads = []
+    for clip in (0.0, 0.2):
+        b = clone_batch(batch)
+        b["target_logits_t"].requires_grad_(True)
+        run_loss(b, ppo_clip=clip, reduction="mean").total.backward()
+        grads.append(b["target_logits_t"].grad)
+    torch.testing.assert_close(grads[0], grads[1])

@@ -1,0 +1,94 @@
+"""Tests for impala_gpu.learning.learner's sample reuse: minibatches and SGD passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
+from impala_gpu.learning import learner
+from impala_gpu.learning.batcher import Batch
+from impala_gpu.models import build_model
+from impala_gpu.validate import ConfigError, validate_config
+
+T, B, OBS, A = 4, 6, 3, 2
+
+
+def make_batch(seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    shape = (T + 1, B)
+    return Batch(
+        obs=torch.randn((*shape, OBS), generator=g),
+        reward=torch.randn(shape, generator=g),
+        terminated=torch.zeros(shape, dtype=torch.bool),
+        truncated=torch.zeros(shape, dtype=torch.bool),
+        first=torch.zeros(shape, dtype=torch.bool),
+        action=torch.randint(0, A, shape, generator=g),
+        logits=torch.randn((*shape, A), generator=g),
+    )
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model((OBS,), A, ModelCfg(name="mlp", hidden_size=8))
+
+
+def test_minibatch_takes_the_indexed_trajectories() -> None:
+    batch = make_batch()
+    sub = learner.minibatch(batch, torch.tensor([4, 1]))
+    assert sub.obs.shape == (T + 1, 2, OBS)
+    torch.testing.assert_close(sub.obs[:, 0], batch.obs[:, 4])
+    torch.testing.assert_close(sub.logits[:, 1], batch.logits[:, 1])
+    torch.testing.assert_close(sub.action[:, 0], batch.action[:, 4])
+
+
+def test_one_pass_one_minibatch_is_one_train_step() -> None:
+    algo = AlgoCfg(optimizer="adam", learning_rate=1e-2, reduction="mean")
+    weights = []
+    for step in (learner.train_step, learner.sgd_steps):
+        model = make_model()
+        step(model, learner.make_optimizer(model, algo), make_batch(), algo)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(weights[0], weights[1])
+
+
+def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch) -> None:
+    seen: list[torch.Tensor] = []
+    real = learner.train_step
+
+    def spy(model, optimizer, batch, *args, **kwargs):
+        seen.append(batch.obs[0, :, 0].clone())
+        return real(model, optimizer, batch, *args, **kwargs)
+
+    monkeypatch.setattr(learner, "train_step", spy)
+    algo = AlgoCfg(optimizer="adam", reduction="mean", epochs=3, minibatches=2, ppo_clip=0.1)
+    model = make_model()
+    batch = make_batch()
+    stats = learner.sgd_steps(model, learner.make_optimizer(model, algo), batch, algo)
+    assert len(seen) == 6 and all(len(s) == B // 2 for s in seen)
+    for epoch in range(3):  # each pass covers the batch once, in a shuffled order
+        covered = torch.cat(seen[2 * epoch : 2 * epoch + 2]).sort().values
+        torch.testing.assert_close(covered, batch.obs[0, :, 0].sort().values)
+    assert stats.shape == (len(learner.STAT_NAMES),) and torch.isfinite(stats).all()
+
+
+@pytest.mark.parametrize(
+    ("algo", "match"),
+    [
+        (AlgoCfg(epochs=0), r"algo.epochs=0 must be >= 1.*Fix"),
+        (AlgoCfg(minibatches=7), r"algo.minibatches=7 is more than the 6 trajectories.*Fix"),
+        (AlgoCfg(ppo_clip=-0.1), r"algo.ppo_clip=-0.1 must be >= 0.*Fix"),
+        (AlgoCfg(name="a3c", epochs=4), r"sample reuse is IMPALA's.*Fix"),
+    ],
+)
+def test_impossible_sample_reuse_is_refused(algo: AlgoCfg, match: str) -> None:
+    cfg = Config(
+        env=EnvCfg(id="CartPole-v1"),
+        algo=algo,
+        precision="fp32",
+        num_actors=1,
+        envs_per_actor=4,
+        batch_size=B,
+    )
+    with pytest.raises(ConfigError, match=match):
+        validate_config(cfg)
