@@ -1,4 +1,4 @@
-"""Summarise a finished sweep (the figures quoted in the README come from here):
+"""Summarise a finished sweep (the figures quoted in docs/results/ come from here):
 
     python benchmarks/sweep_report.py sweeps/compare_cartpole --threshold 475
     python benchmarks/sweep_report.py sweeps/lag_cartpole

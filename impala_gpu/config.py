@@ -109,8 +109,7 @@ class HealthCfg:
 
 @dataclass
 class RayCfg:
-    """``runtime=ray``: actors as Ray actors, on this box or a cluster (README, "Running on a
-    cluster")."""
+    """``runtime=ray``: actors as Ray actors, on this box or a cluster (README, "Cluster")."""
 
     address: str | None = None  # a running cluster ("host:port" or "auto"); None: start Ray here
     node_ip_address: str | None = None  # this driver's address on the cluster (None: Ray's pick)

@@ -1,4 +1,4 @@
-"""IMPALA vs A2C vs A3C from their runs: the README's table and figure.
+"""IMPALA vs A2C vs A3C from their runs: the table and figure of docs/results/compare.md.
 
     python scripts/compare_report.py multirun/compare_pong benchmarks/results/pong \
         --thresholds 0,10,18 --png docs/compare_pong.png --md /tmp/compare_pong.md

@@ -4,7 +4,8 @@ with the network's health (entropy, logit spread, dead fc units) underneath.
     python scripts/plot_learning.py runs/abl/B_tf runs/abl/C_tf_ortho --out docs/pong.png
     python scripts/plot_learning.py NAME=RUN_DIR ... --target 18
 
-Each argument is a run dir, or ``label=run_dir``. The README's PNGs are made by this script.
+Each argument is a run dir, or ``label=run_dir``. The learning-curve PNGs in docs/ are made by
+this script (commands in docs/results/).
 """
 
 from __future__ import annotations

@@ -353,5 +353,5 @@ def test_comparison_cells_compose_with_one_update_size(hydra_compose, experiment
         cfg = _to_config(hydra_compose([f"experiment={experiment}", f"compare_cell={cell}"]))
         validate_config(dataclasses.replace(cfg, precision="fp32"))
         assert cfg.algo.name == cell.split("_")[0]
-        # a3c_160 is the unmatched A3C kept for the README's before/after figures.
+        # a3c_160 is the unmatched A3C kept for the before/after figures in docs/results/compare.md.
         assert _steps_per_update(cfg) == (steps // 2 if cell == "a3c_160" else steps), cell
