@@ -18,6 +18,7 @@ from leakcheck import (
     leaked_shm,
     popen_marked,
     processes_with_marker,
+    run_cli,
     shm_entries,
     wait_for_log,
 )
@@ -264,3 +265,26 @@ def test_interrupt_then_resume_continues_counters_and_metrics(tmp_path, sig, cod
     assert after[-1]["frames"] >= 120_000
     cfg = (run_dir / "config.yaml").read_text()
     assert "hidden_size: 128" in cfg  # the run's own config, not the CLI defaults
+
+
+@pytest.mark.slow
+def test_resume_continues_from_the_older_checkpoint_when_the_newest_is_truncated(tmp_path):
+    run_dir = tmp_path / "run"
+    train = ["experiment=cartpole_impala", "log_interval_s=0.2", "checkpoint.every_frames=1600"]
+    run_cli(run_dir, *train, "total_frames=3200")
+    *_, older, newest = list_checkpoints(run_dir)
+    kept = torch.load(older, weights_only=False)
+    _damage(newest, "truncated")  # e.g. the disk filled up while it was written
+
+    resumed = run_cli(run_dir, *train, f"resume={run_dir}", "total_frames=4800")
+    assert f"checkpoint {newest} is not a readable checkpoint (truncated" in resumed.stderr
+    assert f"Using {older} instead" in resumed.stderr
+    assert f"resumed from {older} at {kept['frames']:,} frames" in resumed.stdout
+    metrics = _metrics(run_dir)
+    # The lines logged after the older checkpoint were dropped; the run went on from there.
+    frames, n = [m["frames"] for m in metrics], kept["metrics_lines"]
+    assert all(f <= kept["frames"] for f in frames[:n]) and frames[n] > kept["frames"]
+    assert frames == sorted(set(frames))
+    final = torch.load(list_checkpoints(run_dir)[-1], weights_only=False)
+    assert final["resumes"] == 1 and final["frames"] >= 4800
+    assert final["version"] - kept["version"] == (final["frames"] - kept["frames"]) // 320
