@@ -142,6 +142,21 @@ def test_an_unreadable_file_given_directly_names_it_and_the_fix(tmp_path, how):
         load_checkpoint(lone)
 
 
+def test_resuming_from_an_unreadable_file_fails_before_starting(tmp_path):
+    older, newest = _saved_run(tmp_path, frames=(100, 200))
+    _damage(newest, "tail_cut")
+    proc = subprocess.run(
+        cli_command(tmp_path / "x", f"resume={newest}"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert f"checkpoint {newest} is not a readable checkpoint (truncated or" in proc.stderr
+    assert f"Fix: pass an older checkpoint of the run, e.g. {older}" in proc.stderr
+
+
 def test_truncate_lines(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text("a\nb\nc\n")
