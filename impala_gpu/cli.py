@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, register_configs, save_config
-from impala_gpu.reporting.checkpoint import list_checkpoints, resolve_checkpoint
+from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
@@ -55,11 +55,12 @@ def _sweep_info() -> tuple[str, dict[str, Any]]:
 
 def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
     """The config a run was trained with, plus this command's scalar overrides (e.g. a larger
-    ``total_frames``), and the run dir to continue in."""
-    import torch
+    ``total_frames``), and the run dir to continue in.
 
-    path = resolve_checkpoint(resume)
-    saved = torch.load(path, map_location="cpu", weights_only=False)["config"]
+    In a run dir, the newest checkpoint that loads (see ``load_checkpoint``); ``cfg.resume``
+    then names that file, so the algorithm's ``restore`` reads the same one."""
+    path, ckpt = load_checkpoint(resume, set_aside=True)
+    saved = ckpt["config"]
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
     groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment"}
     groups |= {"compare_cell", "lag_cell"}  # the sweep presets' own groups

@@ -2,49 +2,67 @@
 video:
 
     python -m impala_gpu.evaluate checkpoint=runs/.../ episodes=10
-    python -m impala_gpu.evaluate checkpoint=runs/.../checkpoints/best.pt greedy=true video=true
+    python -m impala_gpu.evaluate checkpoint=runs/.../checkpoints/ckpt_000001000000.pt greedy=true
+    python -m impala_gpu.evaluate --help
 
-The env is the actors' own stack (``make_vector_env`` with one env, see ``make_eval_env``), so
-evaluation plays the game training played. Writes ``eval.json`` (and ``videos/*.mp4``) into the
-checkpoint's run dir; logs to W&B when ``wandb_mode`` is not ``disabled``.
+Given a run dir it evaluates the run's ``best.pt`` (the best mean return), or its newest
+checkpoint when it has none; it prints which. The env is the actors' own stack
+(``make_vector_env`` with one env, see ``make_eval_env``), so evaluation plays the game training
+played. Writes ``eval.json`` (and ``videos/*.mp4``) into the checkpoint's run dir; logs to W&B
+when ``wandb.mode`` (spelled as in training) is not ``disabled``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from impala_gpu.config import Config
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.models import build_model
-from impala_gpu.reporting.checkpoint import resolve_checkpoint
+from impala_gpu.reporting.checkpoint import BEST, load_checkpoint
 from impala_gpu.validate import ConfigError
 
 
 @dataclass
+class EvalWandbCfg:
+    mode: str = "disabled"  # offline | online | disabled (project, entity: the run's own)
+
+
+@dataclass
 class EvalCfg:
-    checkpoint: str = MISSING  # a run dir (its latest checkpoint) or a .pt checkpoint file
+    checkpoint: str = MISSING  # a run dir (its best.pt, else its newest checkpoint) or a .pt file
     episodes: int = 10  # full games to play
     envs: int = 8  # games played at once, one batched forward pass per step (1 with video)
     greedy: bool = False  # argmax actions instead of sampling from the policy
     video: bool = False  # record mp4s with gymnasium's RecordVideo into <run_dir>/videos
     seed: int = 12345  # env and sampling seed
     max_steps: int = 0  # cap agent steps per episode (0: the env's own time limit)
-    wandb_mode: str = "disabled"  # offline | online | disabled
+    wandb: EvalWandbCfg = field(default_factory=EvalWandbCfg)  # W&B logging of the results
 
 
 def load_policy(path: Path, device: str = "cpu") -> tuple[torch.nn.Module, Config]:
-    """The checkpoint's model (eval mode) and the config it was trained with."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    if "config" not in ckpt or "model" not in ckpt:
+    """The checkpoint's model (eval mode) and the config it was trained with. An unreadable
+    file is an error naming it and the run's other checkpoints."""
+    return policy_from_checkpoint(load_checkpoint(path)[1], path, device)
+
+
+def policy_from_checkpoint(
+    ckpt: Any, path: Path, device: str = "cpu"
+) -> tuple[torch.nn.Module, Config]:
+    """``load_policy`` for a checkpoint already read from ``path`` (named in errors)."""
+    if not isinstance(ckpt, dict) or "config" not in ckpt or "model" not in ckpt:
         raise ConfigError(f"{path} is not an impala_gpu checkpoint (no 'config'/'model').")
     cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"]))
     spec = env_spec(cfg.env)
@@ -166,9 +184,13 @@ def evaluate(ev: EvalCfg) -> dict[str, Any]:
     for name in ("episodes", "envs"):
         if getattr(ev, name) < 1:
             raise ConfigError(f"{name}={getattr(ev, name)}: must be at least 1.")
-    path = resolve_checkpoint(ev.checkpoint)
+    path, ckpt = load_checkpoint(ev.checkpoint, prefer_best=True)
+    print(
+        f"impala_gpu.evaluate: evaluating {path} ({_why(Path(ev.checkpoint), path)})",
+        file=sys.stderr,
+    )
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    model, cfg = load_policy(path)
+    model, cfg = policy_from_checkpoint(ckpt, path)
     video_dir = run_dir / "videos" if ev.video else None
     episodes = play(model, cfg, ev, video_dir)
     returns = np.array([e["return"] for e in episodes])
@@ -183,16 +205,27 @@ def evaluate(ev: EvalCfg) -> dict[str, Any]:
         "videos": sorted(str(p) for p in video_dir.glob("*.mp4")) if video_dir else [],
     }
     (run_dir / "eval.json").write_text(json.dumps(summary, indent=2))
-    if ev.wandb_mode != "disabled":
+    if ev.wandb.mode != "disabled":
         _log_wandb(ev, cfg, run_dir, summary)
     return summary
+
+
+def _why(given: Path, used: Path) -> str:
+    """Why ``used`` is the file evaluated, for the line that names it."""
+    if given.is_file() or used == given:
+        return "the file given"
+    if used.name == BEST:
+        return f"the run's {BEST}: the checkpoint with its best mean return"
+    if not (used.parent / BEST).is_file():
+        return f"the run has no {BEST} (no episode had ended by a checkpoint): its newest one"
+    return f"its {BEST} does not load (see the warning above): its newest one that loads"
 
 
 def _log_wandb(ev: EvalCfg, cfg: Config, run_dir: Path, summary: dict[str, Any]) -> None:
     import wandb
 
     run = wandb.init(
-        mode=ev.wandb_mode,
+        mode=ev.wandb.mode,
         project=cfg.wandb.project,
         entity=cfg.wandb.entity,
         job_type="eval",
@@ -209,11 +242,79 @@ def _log_wandb(ev: EvalCfg, cfg: Config, run_dir: Path, summary: dict[str, Any])
     run.finish()
 
 
+# Renamed keys: old spelling -> the one training uses. The old one still works, with a warning.
+DEPRECATED_KEYS = {"wandb_mode": "wandb.mode"}
+
+
+def key_docs(cls: type = EvalCfg, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, one-line doc) for each key of ``cls``, nested dataclasses as ``a.b``.
+    The docs are the fields' own end-of-line comments, so ``--help`` cannot drift from them."""
+    comments = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
+    rows = []
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            f.default_factory
+        ):
+            rows += key_docs(f.default_factory, f"{prefix}{f.name}.")
+            continue
+        default = "(required)" if f.default in (MISSING, dataclasses.MISSING) else f.default
+        shown = str(default).lower() if isinstance(default, bool) else str(default)  # as typed
+        rows.append((prefix + f.name, shown, comments.get(f.name, "")))
+    return rows
+
+
+def usage() -> str:
+    """The ``--help`` text: how to call, then every key with its default and doc."""
+    rows = key_docs()
+    width = max(len(f"{k}={d}") for k, d, _ in rows)
+    lines = [
+        "usage: python -m impala_gpu.evaluate checkpoint=RUN_DIR_OR_PT [key=value ...]",
+        "",
+        "Plays full games with a checkpoint's policy; writes eval.json into its run dir.",
+        "",
+        "keys (key=default):",
+    ]
+    lines += [f"  {f'{k}={d}':<{width}}  {doc}" for k, d, doc in rows]
+    return "\n".join(lines)
+
+
+def parse_args(args: list[str]) -> EvalCfg:
+    """``key=value`` arguments to an ``EvalCfg``. An unknown or malformed one is a
+    ``ConfigError`` naming it and the keys there are; old spellings are renamed, with a
+    warning."""
+    renamed = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if key in DEPRECATED_KEYS:
+            print(
+                f"impala_gpu.evaluate: warning: {key}= is deprecated; it is spelled "
+                f"{DEPRECATED_KEYS[key]}= now, as in training.",
+                file=sys.stderr,
+            )
+            key = DEPRECATED_KEYS[key]
+        if not eq:
+            raise ConfigError(
+                f"argument {arg!r} is not key=value. Fix: e.g. checkpoint=runs/<run>; "
+                "python -m impala_gpu.evaluate --help lists the keys."
+            )
+        renamed.append(f"{key}={value}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(EvalCfg), OmegaConf.from_dotlist(renamed))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        keys = ", ".join(k for k, _, _ in key_docs())
+        raise ConfigError(
+            f"{str(e).splitlines()[0]}. Fix: use the keys {keys} "
+            "(python -m impala_gpu.evaluate --help says what each does)."
+        ) from e
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = sys.argv[1:] if argv is None else argv
-    ev: EvalCfg = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(EvalCfg), OmegaConf.from_dotlist(args))
-    )
+    if {"-h", "--help", "help"} & set(args):
+        print(usage())
+        raise SystemExit(0)
+    ev = parse_args(args)
     summary = evaluate(ev)
     mode = "greedy" if ev.greedy else "sampled"
     print(
@@ -223,5 +324,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
+def cli() -> None:
+    """``python -m impala_gpu.evaluate``: a bad argument or checkpoint prints its message (what
+    was wrong, and the fix) and exits 2, instead of a traceback."""
+    try:
+        main()
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"impala_gpu.evaluate: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()

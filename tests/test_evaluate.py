@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import impala_gpu.evaluate as evaluate_module
 from impala_gpu.config import Config, EnvCfg, ModelCfg, to_container
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.evaluate import EvalCfg, evaluate, main, make_eval_env
@@ -15,13 +19,15 @@ from impala_gpu.models import build_model
 from impala_gpu.reporting.checkpoint import atomic_torch_save
 from impala_gpu.validate import ConfigError
 
+REPO = Path(__file__).resolve().parents[1]
 
-def make_checkpoint(run_dir, env_id="CartPole-v1", model=None, **env):
+
+def make_checkpoint(run_dir, env_id="CartPole-v1", model=None, name="ckpt_000000001000.pt", **env):
     cfg = Config(env=EnvCfg(id=env_id, **env), model=model or ModelCfg(name="auto", hidden_size=32))
     spec = env_spec(cfg.env)
     torch.manual_seed(0)
     net = build_model(spec.obs_shape, spec.num_actions, cfg.model)
-    path = run_dir / "checkpoints" / "ckpt_000000001000.pt"
+    path = run_dir / "checkpoints" / name
     atomic_torch_save({"model": net.state_dict(), "config": to_container(cfg)}, path)
     return path
 
@@ -73,6 +79,69 @@ def test_bad_inputs_fail_clearly(tmp_path):
         main([f"checkpoint={bogus}"])
     with pytest.raises(ConfigError, match="envs=0: must be at least 1"):
         main([f"checkpoint={bogus}", "envs=0"])
+
+
+def evaluate_cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m impala_gpu.evaluate`` of this checkout (run from its root)."""
+    cmd = [sys.executable, "-m", "impala_gpu.evaluate", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_a_run_dir_is_evaluated_with_its_best_checkpoint_and_says_which(tmp_path, capsys):
+    newest = make_checkpoint(tmp_path)
+    out = main([f"checkpoint={tmp_path}", "episodes=1"])
+    assert out["checkpoint"] == str(newest)
+    assert f"evaluating {newest} (the run has no best.pt" in capsys.readouterr().err
+    best = make_checkpoint(tmp_path, name="best.pt")
+    make_checkpoint(tmp_path, name="ckpt_000000002000.pt")  # newer than best.pt
+    out = main([f"checkpoint={tmp_path}", "episodes=1"])
+    assert out["checkpoint"] == str(best)
+    assert f"evaluating {best} (the run's best.pt" in capsys.readouterr().err
+    main([f"checkpoint={newest}", "episodes=1"])
+    assert f"evaluating {newest} (the file given)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_an_unreadable_checkpoint_is_a_clear_error_naming_it(tmp_path, how):
+    good = make_checkpoint(tmp_path)
+    bad = make_checkpoint(tmp_path, name="ckpt_000000002000.pt")
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2] if how == "truncated" else bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="not a readable checkpoint") as e:
+        main([f"checkpoint={bad}"])
+    assert str(e.value).startswith(f"checkpoint {bad} is not a readable checkpoint")
+    assert f"Fix: pass an older checkpoint of the run, e.g. {good}" in str(e.value)
+    proc = evaluate_cli(f"checkpoint={bad}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"error: checkpoint {bad} is not a readable checkpoint (truncated or" in proc.stderr
+    assert "Fix:" in proc.stderr
+
+
+def test_help_lists_every_key_with_its_doc():
+    proc = evaluate_cli("--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for key, doc in [
+        ("checkpoint=(required)", "a run dir"),
+        ("episodes=10", "full games to play"),
+        ("greedy=false", "argmax actions"),
+        ("wandb.mode=disabled", "offline | online | disabled"),
+    ]:
+        (line,) = [x for x in proc.stdout.splitlines() if x.strip().startswith(key)]
+        assert doc in line
+    bad = evaluate_cli("epsiodes=3")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "epsiodes" in bad.stderr and "--help" in bad.stderr
+
+
+@pytest.mark.parametrize("spelling", ["wandb.mode", "wandb_mode"])
+def test_wandb_mode_is_spelled_as_in_training(tmp_path, monkeypatch, capsys, spelling):
+    make_checkpoint(tmp_path)
+    logged = []
+    monkeypatch.setattr(evaluate_module, "_log_wandb", lambda ev, *_: logged.append(ev))
+    main([f"checkpoint={tmp_path}", "episodes=1", f"{spelling}=offline"])
+    assert [ev.wandb.mode for ev in logged] == ["offline"]
+    deprecated = "wandb_mode= is deprecated; it is spelled wandb.mode= now"
+    assert (deprecated in capsys.readouterr().err) == (spelling == "wandb_mode")
 
 
 @pytest.mark.parametrize("backend", ["auto", "gymnasium"])

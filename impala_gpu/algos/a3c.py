@@ -56,7 +56,7 @@ from impala_gpu.reporting.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
     count_lines,
-    resolve_checkpoint,
+    load_checkpoint,
     rng_state,
     set_rng_state,
     truncate_lines,
@@ -212,8 +212,7 @@ def restore(
     """Load an A3C checkpoint: the weights into the shared model, the optimizer statistics
     into the shared buffers (in place, so they stay shared), the earlier work into the last
     row of ``counters``, the episode record into ``tele``. Returns the checkpoint."""
-    path = resolve_checkpoint(resume)
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    path, ckpt = load_checkpoint(resume, set_aside=True)
     if "agent_steps" not in ckpt:
         raise ConfigError(
             f"{path} is not an A3C checkpoint (it has no worker counters). Fix: resume it "

@@ -42,7 +42,7 @@ from impala_gpu.reporting.checkpoint import (
     CheckpointPolicy,
     atomic_torch_save,
     count_lines,
-    resolve_checkpoint,
+    load_checkpoint,
     rng_state,
     set_rng_state,
     truncate_lines,
@@ -274,8 +274,7 @@ def save_checkpoint(cfg: Config, learner: Learner, reporter: Reporter) -> Path:
 
 def restore(resume: str, model, optimizer, scheduler, state: LearnerState, tele: Telemetry) -> dict:
     """Load a checkpoint into the learner's objects; returns the checkpoint dict."""
-    path = resolve_checkpoint(resume)
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    path, ckpt = load_checkpoint(resume, set_aside=True)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:

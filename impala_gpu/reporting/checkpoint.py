@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from impala_gpu.validate import ConfigError
+
 CKPT_DIR = "checkpoints"
+BEST = "best.pt"
+SET_ASIDE = ".unreadable"  # suffix of a periodic checkpoint resume found unreadable
 _NAME = re.compile(r"ckpt_(\d{12})\.pt$")
 
 
@@ -75,6 +80,109 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
+class UnreadableCheckpoint(ConfigError):
+    """A checkpoint file ``torch.load`` cannot read: truncated (a full disk, a copy cut short)
+    or corrupt. The message names the file, the reason and what to pass instead."""
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """``torch.load`` of one file onto the CPU. A damaged file raises ``UnreadableCheckpoint``
+    naming it and why, instead of the reader's bare traceback; a missing one raises
+    ``FileNotFoundError``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        # A damaged file fails anywhere in the zip reader or the unpickler, so with nearly any
+        # type: RuntimeError (zip archive), OSError (Invalid argument), EOFError, ValueError,
+        # UnpicklingError... The reason goes into the message, so nothing is hidden.
+        text = str(e).splitlines()[0] if str(e) else ""
+        if len(text) > 120:  # torch's zip reader appends a paragraph of advice
+            text = text.split(". ")[0]
+        reason = f"{type(e).__name__}: {text}".rstrip(": ")
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} is not a readable checkpoint (truncated or corrupt: {reason})."
+        ) from e
+
+
+def _alternatives(bad: Path) -> str:
+    """The 'Fix:' for an unreadable checkpoint file: the run's other checkpoints to pass."""
+    d = bad.parent
+    run_dir = d.parent if d.name == CKPT_DIR else d
+    older = [p for p in list_checkpoints(run_dir) if p.name < bad.name]
+    options = [f"an older checkpoint of the run, e.g. {older[-1]}"] if older else []
+    if (d / BEST).is_file() and bad.name != BEST:
+        options.append(f"its best checkpoint {d / BEST}")
+    if not options:
+        return (
+            f"Fix: the run has no other checkpoint in {d}; restore the file from a copy, or "
+            "start the run again without it."
+        )
+    options.append(f"the run dir {run_dir} (the newest checkpoint that loads is taken)")
+    return "Fix: pass " + ", or ".join(options) + "."
+
+
+def load_checkpoint(
+    source: str | Path, prefer_best: bool = False, set_aside: bool = False
+) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to continue from (or evaluate) and its contents, read once.
+
+    ``source`` is a ``.pt`` file (it must load: an unreadable one is an error naming it and the
+    run's other checkpoints) or a run dir. In a run dir the periodic checkpoints are tried
+    newest first, then ``best.pt`` (``prefer_best``: ``best.pt`` first); a file that does not
+    load is skipped with a warning naming it and the file used instead, so one truncated
+    checkpoint (a crash or a full disk mid-copy) does not end a run that has older good ones.
+
+    ``set_aside`` (resume): a skipped file is renamed ``*.pt.unreadable``. Left in place it
+    would be pruned last (checkpoints are pruned by name, and it has the highest frames), so
+    with ``keep_last=1`` the resumed run's next save would delete the good one it resumed from.
+
+    This is the one place that picks and reads a checkpoint: ``cli.resume_config`` (the
+    config), the algorithms' ``restore`` and ``evaluate`` all call it."""
+    p = Path(source)
+    if p.is_file():
+        try:
+            return p, read_checkpoint(p)
+        except UnreadableCheckpoint as e:
+            raise UnreadableCheckpoint(f"{e} {_alternatives(p)}") from e.__cause__
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint path {p} does not exist. Fix: give a run dir or a .pt file."
+        )
+    best = [p / CKPT_DIR / BEST] if (p / CKPT_DIR / BEST).is_file() else []
+    periodic = list_checkpoints(p)[::-1]
+    candidates = best + periodic if prefer_best else periodic + best
+    if not candidates:
+        raise FileNotFoundError(
+            f"no checkpoint in run dir {p} (looked for {p / CKPT_DIR}/ckpt_*.pt and {BEST}). "
+            "Fix: point at a run dir that has saved one, or at a .pt file."
+        )
+    skipped: list[str] = []
+    for path in candidates:
+        try:
+            state = read_checkpoint(path)
+        except FileNotFoundError:  # pruned (or set aside) by another process meanwhile
+            continue
+        except UnreadableCheckpoint as e:
+            reason = str(e)
+            if set_aside:
+                try:
+                    path.rename(path.with_name(path.name + SET_ASIDE))
+                    reason += f" Set aside as {path.name}{SET_ASIDE}."
+                except OSError:
+                    pass  # still skipped; only the pruning hazard above remains
+            skipped.append(reason)
+            continue
+        for reason in skipped:
+            print(f"impala_gpu: warning: {reason} Using {path} instead.", file=sys.stderr)
+        return path, state
+    raise UnreadableCheckpoint(
+        f"no checkpoint in run dir {p} loads: " + " ".join(skipped) + " Fix: restore one of "
+        "them from a copy, or start the run again in a new run dir."
+    )
+
+
 @dataclass
 class CheckpointPolicy:
     every_frames: int
@@ -105,7 +213,7 @@ class Checkpointer:
         self.last_frames, self.last_time = frames, time.monotonic()
         if mean_return is not None and np.isfinite(mean_return) and mean_return > self.best_return:
             self.best_return = mean_return
-            atomic_torch_save({**state, "best_return": mean_return}, self.dir / "best.pt")
+            atomic_torch_save({**state, "best_return": mean_return}, self.dir / BEST)
         for old in list_checkpoints(self.dir.parent)[: -self.policy.keep_last]:
             old.unlink(missing_ok=True)
         return path
