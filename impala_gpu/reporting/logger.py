@@ -218,8 +218,8 @@ class MetricsLogger:
     @property
     def wandb_url(self) -> str | None:
         """The run's page when it logs online; None offline or disabled."""
-        if self.wandb_run is None or self.wandb_run.settings.mode != "online":
-            return None
+        if self.wandb_run is None or self.wandb_run.offline:
+            return None  # (run.url would warn on an offline run)
         return self.wandb_run.url
 
     def pointers(self) -> list[str]:
@@ -229,7 +229,7 @@ class MetricsLogger:
         if self.wandb_url:
             out.append(f"W&B: {self.wandb_url}")
         elif self.wandb_run is not None:
-            out.append(f"W&B (offline): wandb sync {self.wandb_run.settings.sync_dir}")
+            out.append(f"W&B (offline): wandb sync {self.wandb_run.sync_dir}")
         if self.tb is not None or any(self.run_dir.glob("events.out.tfevents.*")):
             out.append(f"TensorBoard: tensorboard --logdir {self.run_dir}")
         return out

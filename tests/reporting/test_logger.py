@@ -134,3 +134,33 @@ def test_offline_wandb_points_at_its_sync_command(tmp_path, capfd):
     assert len(offline) == 1
     assert pointer == f"W&B (offline): wandb sync {offline[0]}"
     assert f"impala_gpu: run dir {tmp_path}" in capfd.readouterr().err
+
+
+class _OnlineRun:
+    """The part of a wandb Run the logger reads, for an online run (no network here)."""
+
+    id, offline, url = "abc123", False, "https://wandb.ai/me/impala_gpu/runs/abc123"
+
+    def __init__(self):
+        self.logged: list[dict] = []
+
+    def log(self, data):
+        self.logged.append(data)
+
+    def finish(self):
+        pass
+
+
+def test_online_wandb_prints_its_url_and_logs_prefixed_keys_with_frames(
+    tmp_path, monkeypatch, capfd
+):
+    from impala_gpu.reporting import logger as logger_module
+
+    run = _OnlineRun()
+    monkeypatch.setattr(logger_module, "_init_wandb", lambda *a: run)
+    cfg = dataclasses.replace(_cfg(mode="online"), tensorboard=False)
+    with MetricsLogger(tmp_path, cfg) as logger:
+        logger.log({"frames": 320, "episode_return": 9.0, "time": 1.7e9})
+        assert logger.pointers() == [f"W&B: {run.url}"]
+    assert run.logged == [{"frames": 320, "charts/episode_return": 9.0}]
+    assert f"impala_gpu: W&B run {run.url}" in capfd.readouterr().err
