@@ -47,7 +47,7 @@ def metric_group(key: str) -> str:
         return key
     if key in _CHARTS:
         return f"charts/{key}"
-    if key in _LOSSES or "kl" in key.split("_") or "rho" in key:
+    if key in _LOSSES or {"kl", "rho"} & set(key.split("_")):
         return f"losses/{key}"
     if key in _HEALTH or key.startswith(_HEALTH_PREFIXES):
         return f"health/{key}"

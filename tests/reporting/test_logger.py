@@ -34,6 +34,9 @@ from impala_gpu.reporting.logger import MetricsLogger, metric_group, run_names, 
         ("ring_occupancy", "perf/ring_occupancy"),
         ("policy_lag_p95", "perf/policy_lag_p95"),
         ("updates_per_s", "perf/updates_per_s"),
+        ("approx_kl", "losses/approx_kl"),
+        ("throughput", "perf/throughput"),  # "rho" inside a word is no rho statistic
+        ("gpu_busy", "perf/gpu_busy"),
         ("frames", "frames"),  # the x-axis is no panel
     ],
 )
