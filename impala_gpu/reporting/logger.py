@@ -117,6 +117,17 @@ def hydra_choices() -> dict[str, Any]:
     return {k: v for k, v in HydraConfig.get().runtime.choices.items() if v is not None}
 
 
+def _last_frames(path: Path) -> int | None:
+    """The ``frames`` of the last line in a metrics file; None when there is none."""
+    last = None
+    if path.is_file():
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    last = line
+    return None if last is None else int(json.loads(last).get("frames", 0))
+
+
 def _say(text: str) -> None:
     print(f"impala_gpu: {text}", file=sys.stderr, flush=True)
 
@@ -151,7 +162,11 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(self.run_dir))
+            # A resumed run dropped the lines past its checkpoint (truncate_lines): TensorBoard
+            # hides the first attempt's points from there on too, so no step shows twice.
+            last = _last_frames(self.path)
+            purge = None if last is None else last + 1
+            self.tb = SummaryWriter(log_dir=str(self.run_dir), purge_step=purge)
         if cfg.wandb.mode != "disabled":
             names = run_names(cfg, sweep or {}, hydra_choices(), time.strftime("%Y-%m-%d"))
             self.wandb_run = _init_wandb(self.run_dir, cfg, names, resume_id)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from impala_gpu.config import Config, EnvCfg, WandbCfg
+from impala_gpu.reporting.checkpoint import truncate_lines
 from impala_gpu.reporting.logger import MetricsLogger, metric_group, run_names, short_env
 
 
@@ -167,3 +169,18 @@ def test_online_wandb_prints_its_url_and_logs_prefixed_keys_with_frames(
         assert logger.pointers() == [f"W&B: {run.url}"]
     assert run.logged == [{"frames": 320, "charts/episode_return": 9.0}]
     assert f"impala_gpu: W&B run {run.url}" in capfd.readouterr().err
+
+
+def test_a_resumed_run_hides_the_first_attempts_points_past_its_checkpoint(tmp_path):
+    cfg = dataclasses.replace(_cfg(mode="disabled"), tensorboard=True)
+    with MetricsLogger(tmp_path, cfg) as logger:
+        for frames in (100, 200, 300):
+            logger.log({"frames": frames, "episode_return": 1.0})
+    truncate_lines(tmp_path / "metrics.jsonl", 1)  # as a resume from the checkpoint at 100 does
+    time.sleep(1.1)  # event file names carry the second they were opened in
+    with MetricsLogger(tmp_path, cfg) as logger:
+        logger.log({"frames": 200, "episode_return": 2.0})
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    points = [(e.step, e.value) for e in acc.Scalars("charts/episode_return")]
+    assert points == [(100, 1.0), (200, 2.0)]
