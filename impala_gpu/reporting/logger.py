@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import re
 import sys
@@ -58,9 +59,9 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     """The plottable scalars under their dashboard names (lists and NaNs left out)."""
     out = {}
     for k, v in metrics.items():
-        if k in _NOT_PLOTTED or isinstance(v, bool) or not isinstance(v, int | float):
+        if k in _NOT_PLOTTED or isinstance(v, bool) or not isinstance(v, numbers.Real):
             continue
-        if math.isfinite(v):
+        if math.isfinite(v):  # numpy scalars too: float() makes them plain for both sinks
             out[metric_group(k)] = float(v)
     return out
 
@@ -133,6 +134,8 @@ def _say(text: str) -> None:
 
 
 def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        v = v.item()  # numpy scalars (an int64 counter) as the plain numbers JSON takes
     if isinstance(v, float) and not math.isfinite(v):
         return None  # JSON has no NaN/inf; null keeps every line parseable
     return v

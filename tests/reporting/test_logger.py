@@ -6,6 +6,7 @@ import dataclasses
 import json
 import time
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -106,6 +107,7 @@ def test_tensorboard_gets_prefixed_scalars_at_frames_and_jsonl_keeps_flat_keys(t
         "dead/torso.0": 0.1,
         "episode_length": float("nan"),
         "worker_updates": [1, 2],
+        "ring_occupancy": np.int64(3),
     }
     with MetricsLogger(tmp_path, cfg) as logger:
         logger.log(line, {"policy_lag_hist": [0.0, 1.0, 1.0]})
@@ -113,6 +115,7 @@ def test_tensorboard_gets_prefixed_scalars_at_frames_and_jsonl_keeps_flat_keys(t
     acc = _tb_tags(tmp_path)
     scalars = set(acc.Tags()["scalars"])
     assert {"charts/episode_return", "losses/pg_loss", "perf/learner_busy"} <= scalars
+    assert "perf/ring_occupancy" in scalars
     assert "health/dead/torso.0" in scalars and "charts/episode_length" not in scalars  # NaN
     assert acc.Tags()["histograms"] == ["perf/policy_lag_hist"]
     (event,) = acc.Scalars("charts/episode_return")
