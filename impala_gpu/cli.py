@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import signal
 import sys
 from pathlib import Path
@@ -50,6 +51,10 @@ def _sweep_info() -> tuple[str, dict[str, Any]]:
     if hc.mode == RunMode.MULTIRUN:
         info["group"] = Path(hc.sweep.dir).name
         info["name"] = hc.job.override_dirname or f"job{hc.job.num}"
+        # The day the sweep started (its dir holds it), not this point's: one W&B group.
+        day = re.search(r"\d{4}-\d{2}-\d{2}", str(hc.sweep.dir))
+        if day:
+            info["date"] = day.group()
     return hc.runtime.output_dir, info
 
 

@@ -159,6 +159,7 @@ class Config:
     compile: bool = False  # torch.compile the learner's model (slower first updates)
     log_interval_s: float = 5.0  # seconds between metric lines
     progress: bool = True  # live console progress line
+    tensorboard: bool = True  # TensorBoard event files in the run dir (tensorboard --logdir)
     run_dir: str | None = None  # where metrics.jsonl and config.yaml go; None: Hydra's output dir
     learners: int = 1  # data-parallel learner processes (torch.distributed); each trains on B/N
     learner_timeout_s: float = 300.0  # a learner rank silent this long fails the run (N > 1)

@@ -108,13 +108,16 @@ def test_failed_points_reads_error_files(tmp_path):
     assert failed_points(tmp_path) == [("3_algo=a3c", "ValueError: boom")]
 
 
-def test_wandb_gets_group_and_job_type_from_the_sweep(tmp_path, monkeypatch):
+def test_wandb_gets_name_group_and_job_type_from_the_sweep(tmp_path, monkeypatch):
     import wandb
 
     seen = {}
 
     class FakeRun:
+        id, offline, url = "x", True, None
+
         def log(self, *a, **k): ...
+        def define_metric(self, *a, **k): ...
         def finish(self): ...
 
     def fake_init(**kwargs):
@@ -122,11 +125,12 @@ def test_wandb_gets_group_and_job_type_from_the_sweep(tmp_path, monkeypatch):
         return FakeRun()
 
     monkeypatch.setattr(wandb, "init", fake_init)
-    cfg = Config(env=EnvCfg(id="CartPole-v1"), wandb=WandbCfg(mode="offline"))
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), seed=1, wandb=WandbCfg(mode="offline"))
     cfg.algo.name = "a2c"
-    sweep = {"group": "14-02-11", "name": "algo=a2c,seed=1"}
+    # cli._sweep_info's dict: the sweep dir's name is a time of day, its parent the date.
+    sweep = {"group": "14-02-11", "name": "algo=a2c,seed=1", "date": "2026-12-03"}
     with logger_mod.MetricsLogger(tmp_path, cfg, sweep):
         pass
-    assert seen["group"] == "14-02-11" and seen["job_type"] == "a2c"
-    assert seen["name"] == "algo=a2c,seed=1" and seen["mode"] == "offline"
+    assert seen["group"] == "a2c-cartpole-2026-12-03" and seen["job_type"] == "a2c"
+    assert seen["name"] == "a2c-cartpole-s1-algo=a2c" and seen["mode"] == "offline"
     assert Path(seen["dir"]) == tmp_path and seen["reinit"] == "finish_previous"

@@ -64,6 +64,7 @@ from impala_gpu.reporting.checkpoint import (
 from impala_gpu.reporting.health import HealthWatch
 from impala_gpu.reporting.logger import MetricsLogger
 from impala_gpu.reporting.progress import Progress
+from impala_gpu.reporting.summary import print_summary
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.validate import ConfigError, resolve_device, validate_config
 
@@ -134,14 +135,18 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     checkpointer.best_return = resumed.get("best_return", float("-inf"))
     start = time.perf_counter() - resumed.get("elapsed_s", 0.0)
 
-    def save(stopped: bool) -> None:
-        """A checkpoint now (and the final weights once the workers have stopped)."""
+    def save(stopped: bool, interrupted: bool = False) -> None:
+        """A checkpoint now (and, once the workers have stopped, the final weights and the
+        end-of-run summary)."""
         state = checkpoint_state(cfg, spec, shared_model, optimizer, counters, tele, start)
         state.update(resumes=resumed.get("resumes", -1) + 1, wandb_id=logger.wandb_id)
         state["metrics_lines"] = count_lines(logger.path)
-        checkpointer.save(state, state["frames"], tele.mean_return())
+        path = checkpointer.save(state, state["frames"], tele.mean_return())
         if stopped:
             save_weights(shared_model, Path(run_dir) / "model.pt")
+            elapsed = state["elapsed_s"]
+            best = checkpointer.best_return
+            print_summary(logger, tele, state["frames"], elapsed, path, best, interrupted)
 
     try:
         try:
@@ -153,7 +158,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             print("interrupted: stopping workers, saving a checkpoint", file=sys.stderr, flush=True)
             # Stop the workers first: they must not write the weights while we copy them.
             stop_workers(workers, handles)
-            save(stopped=True)  # Ctrl-C keeps the work done so far
+            save(stopped=True, interrupted=True)  # Ctrl-C keeps the work done so far
             raise
         stop_workers(workers, handles)
         save(stopped=True)
@@ -471,7 +476,7 @@ def monitor(
     signal stop, gather the last reports and log the final line. Returns the last logged
     metrics. ``tele`` may hold a resumed run's episodes; ``save(False)`` takes a checkpoint.
     ``run_start``: the clock reading ``elapsed_s`` counts from (earlier for a resumed run)."""
-    bar = Progress(cfg.total_frames, enabled=cfg.progress)
+    bar = Progress(cfg.total_frames, enabled=cfg.progress, target_return=cfg.target_return)
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     now = time.perf_counter()
     deadline = now + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")

@@ -50,6 +50,7 @@ from impala_gpu.reporting.checkpoint import (
 from impala_gpu.reporting.health import HealthWatch
 from impala_gpu.reporting.logger import MetricsLogger
 from impala_gpu.reporting.progress import Progress
+from impala_gpu.reporting.summary import print_summary
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.reporting.tuning import diagnose
 from impala_gpu.speed import allocator, default_learner_threads
@@ -95,11 +96,13 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         try:
             last = learn(cfg, learner, data, reporter, spec.frames_per_step)
         except KeyboardInterrupt:
-            save_checkpoint(cfg, learner, reporter)  # Ctrl-C / SIGTERM keeps the work done
+            path = save_checkpoint(cfg, learner, reporter)  # Ctrl-C / SIGTERM keeps the work
             save_weights(learner.model, run_dir / "model.pt")
+            reporter.summarize(path, interrupted=True)
             raise
-        save_checkpoint(cfg, learner, reporter)
+        path = save_checkpoint(cfg, learner, reporter)
         save_weights(learner.model, run_dir / "model.pt")
+        reporter.summarize(path)
         return last
     finally:
         if data is not None:
@@ -241,6 +244,19 @@ class Reporter:
     def warn_health(self, m: dict[str, Any]) -> None:
         warn_health(self.health_watch, self.logger, m, self.state.version)
 
+    def summarize(self, checkpoint: Path, interrupted: bool = False) -> None:
+        """The end-of-run summary (``reporting.summary``), after the final checkpoint."""
+        state = self.state
+        print_summary(
+            self.logger,
+            self.tele,
+            state.frames,
+            time.perf_counter() - state.start,
+            checkpoint,
+            self.checkpointer.best_return,
+            interrupted,
+        )
+
 
 def warn_health(watch: HealthWatch, logger: MetricsLogger, m: dict[str, Any], updates: int) -> None:
     """Judge one metrics line's health; record and print each new warning."""
@@ -310,7 +326,7 @@ def learn(
     state, tele, batcher = learner.state, reporter.tele, data.batcher
     steps_per_update = fresh_batch_size(cfg) * cfg.unroll_length  # replayed steps are not new
     frames_per_update = steps_per_update * frames_per_step
-    bar = Progress(cfg.total_frames, enabled=cfg.progress)
+    bar = Progress(cfg.total_frames, enabled=cfg.progress, target_return=cfg.target_return)
     run_start = state.run_start = time.perf_counter()
     deadline = run_start + cfg.max_seconds if cfg.max_seconds > 0 else float("inf")
     last_log, last = run_start, {}

@@ -267,6 +267,18 @@ def test_health_warnings_are_recorded_and_printed(tmp_path, no_leaks, capfd):
     assert "impala_gpu: warning: the policy barely depends on its input" in capfd.readouterr().err
 
 
+def test_a3c_run_ends_with_the_shared_summary_and_tensorboard(tmp_path, no_leaks, capfd):
+    a3c.train(make_cfg("total_frames=4000", "log_interval_s=0.5"), tmp_path)
+    err = capfd.readouterr().err
+    assert f"impala_gpu: run dir {tmp_path}\n" in err
+    summary = err[err.index("impala_gpu: run finished: ") :]
+    assert f"weights: {tmp_path}/model.pt" in summary
+    assert f"checkpoint: {tmp_path}/checkpoints/ckpt_" in summary
+    assert f"TensorBoard: tensorboard --logdir {tmp_path}" in summary
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    assert events.stat().st_size > 0
+
+
 IMPALA_FIELDS = {
     "frames",
     "agent_steps",
@@ -337,6 +349,8 @@ def test_ctrl_c_stops_workers_and_keeps_weights(tmp_path):
             kill_marked(proc, marker)
     assert "KeyboardInterrupt" in err and "interrupted" in err, err[-3000:]
     assert (tmp_path / "model.pt").exists()
+    summary = err[err.index("impala_gpu: run interrupted: ") :]  # after the checkpoint is saved
+    assert f"weights: {tmp_path}/model.pt" in summary
     assert processes_with_marker(marker) == [], "a worker outlived Ctrl-C"
     assert leaked_shm(shm_before) == set()
 

@@ -20,6 +20,7 @@ from leakcheck import (
     shm_entries,
     wait_for_log,
 )
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = pytest.mark.slow
 
@@ -158,17 +159,38 @@ def test_ctrl_c_stops_cleanly_and_keeps_weights(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
     assert (run_dir / "model.pt").exists()
+    summary = err[err.index("impala_gpu: run interrupted: ") :]  # after the checkpoint is saved
+    assert f"checkpoint: {run_dir}/checkpoints/ckpt_" in summary
+    assert f"weights: {run_dir}/model.pt" in summary
     lines = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert len(lines) >= 2 and lines[-1]["frames"] < 1_000_000
     assert processes_with_marker(marker) == [], "a child process outlived Ctrl-C"
     assert leaked_shm(shm_before) == set()
 
 
-def test_wandb_offline_run_is_written(tmp_path):
+def test_a_run_is_framed_and_logged_to_wandb_offline_and_tensorboard(tmp_path):
     run_dir = tmp_path / "wb"
-    run_cli(run_dir, "experiment=cartpole_impala", "total_frames=4000", "wandb.mode=offline")
+    overrides = ("experiment=cartpole_impala", "total_frames=4000", "wandb.mode=offline")
+    err = run_cli(run_dir, *overrides, "progress=true", "log_interval_s=0.5").stderr
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    # Framing: where the run is, progress with elapsed time and ETA, then what it reached.
+    assert f"impala_gpu: run dir {run_dir}\n" in err
+    assert "ETA " in err and " to 4K frames" in err
+    summary = err[err.index("impala_gpu: run finished: ") :]
+    assert "mean return (last 100 episodes): final " in summary
+    assert f"checkpoint: {run_dir}/checkpoints/ckpt_" in summary
+    assert f"weights: {run_dir}/model.pt" in summary
+    assert f"W&B (offline): wandb sync {runs[0]}" in summary
+    assert f"TensorBoard: tensorboard --logdir {run_dir}" in summary
+    (events,) = run_dir.glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("charts/episode_return", "losses/pg_loss", "health/grad_norm", "perf/learner_busy"):
+        assert tag in tags, sorted(tags)
+    last = read_metrics(run_dir)[-1]
+    assert acc.Scalars("charts/frames_per_s")[-1].step == last["frames"]  # x-axis: frames
 
 
 def test_bounded_lag_32_gives_every_sample_lag_32_after_warm_up(tmp_path):
