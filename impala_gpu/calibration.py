@@ -654,14 +654,16 @@ def write_decision(decision: Decision | None, keys: list[str], run_dir: str | Pa
     path.write_text(json.dumps(decision.as_dict(keys), indent=1))
 
 
-def apply_auto(cfg, run_dir: str | Path | None = None):
-    """``resolve_auto``, saying in one line what was chosen and why (and in ``auto.json``)."""
-    import sys
-
+def apply_auto(cfg, run_dir: str | Path | None = None, check=None):
+    """``resolve_auto``, saying in one line what was chosen and why (and in ``auto.json``).
+    ``check(resolved)``, when given, runs before ``auto.json`` is written, so a config that
+    cannot run leaves no file behind."""
     keys = auto_keys(cfg)
     cfg, decision = resolve_auto(cfg)
     if decision is not None:
         print(f"impala_gpu: {decision.describe(keys)}", file=sys.stderr, flush=True)
-        if run_dir is not None:
-            write_decision(decision, keys, run_dir)
+    if check is not None:
+        check(cfg)
+    if decision is not None and run_dir is not None:
+        write_decision(decision, keys, run_dir)
     return cfg
