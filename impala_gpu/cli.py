@@ -135,9 +135,13 @@ def check_runnable(cfg: Config) -> None:
     from impala_gpu.validate import validate_config
 
     if cfg.algo.name == "a2c":
+        import warnings
+
         from impala_gpu.algos.a2c import synchronous_config
 
-        cfg = synchronous_config(cfg)
+        with warnings.catch_warnings():  # a2c.train says it once, when it runs
+            warnings.simplefilter("ignore")
+            cfg = synchronous_config(cfg)
     validate_config(cfg)
 
 

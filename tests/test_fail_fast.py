@@ -66,6 +66,19 @@ def test_an_impossible_value_fails_before_calibrating_and_leaves_no_run_dir(
     assert not (tmp_path / "runs").exists()  # nor anything of Hydra's under ./runs
 
 
+def test_what_only_the_calibration_can_rule_out_still_leaves_no_run_dir(tmp_path):
+    """num_slots=33 holds batch_size=32 plus one unroll, so it passes the check before auto;
+    the 32 envs auto then chooses need 64. That fails after the calibration, before config.yaml
+    or auto.json, and Hydra's files in the run dir go too."""
+    run_dir = tmp_path / "run"
+    args = ["env=cartpole", "model=mlp", "precision=fp32", "num_slots=33", f"run_dir={run_dir}"]
+    proc = _cli(args, tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "auto (num_actors, envs_per_actor)" in proc.stderr  # it did calibrate
+    assert "ConfigError: num_slots=33 cannot hold batch_size=32" in proc.stderr
+    assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
 def test_a_sweep_checks_every_point_before_the_first_starts(tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = ["-m", "batch_size=4,-1", "env=cartpole", "model=mlp", "total_frames=2000"]
