@@ -74,6 +74,7 @@ def _sweep(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*cmd, f"hydra.sweep.dir={sweep_dir}"],
         cwd=sweep_dir.parent,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
         capture_output=True,
         text=True,
         timeout=600,
