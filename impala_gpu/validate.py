@@ -235,8 +235,14 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         f"algo.name={cfg.algo.name!r} is not one of {ALGO_NAMES}. Fix: algo=impala (or "
         "another of those).",
     )
-    validate_env_id(cfg.env.id)
-    resolve_vector_backend(cfg.env)
+    try:  # the env module's own ValueErrors (they name env.id and the fix): as ConfigErrors,
+        # so the checks before Hydra's run dir and the sweep's first point stop on them too
+        validate_env_id(cfg.env.id)
+        resolve_vector_backend(cfg.env)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # num_actors, envs_per_actor and precision: check_values, above.
     for key in ("unroll_length", "batch_size", "total_frames"):
         v = getattr(cfg, key)

@@ -50,6 +50,7 @@ BAD = [
     ("envs_per_actor=0", "envs_per_actor=0"),
     ("algo.learning_rate=-1", "algo.learning_rate=-1"),
     ("wandb.mode=bogus", "wandb.mode='bogus'"),
+    ("env.id=CartPol-v1", "Unknown env id 'CartPol-v1'"),
 ]
 
 
