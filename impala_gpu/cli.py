@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -99,11 +101,22 @@ def run(dcfg: DictConfig) -> float:
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
     from impala_gpu.learning.distributed import torchrun_rendezvous
+    from impala_gpu.validate import ConfigError, validate_config
 
-    rank = torchrun_rendezvous()
-    if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
-        cfg = apply_auto(cfg, run_dir)  # config.yaml records what auto chose
-        save_config(cfg, run_dir)
+    try:
+        # Everything auto does not decide, before the calibration (seconds to minutes), any
+        # process or any file; the rest once auto has chosen, before config.yaml is written.
+        validate_config(cfg, allow_auto=True)
+        rank = torchrun_rendezvous()
+        if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
+            cfg = apply_auto(cfg, run_dir, check=check_runnable)
+            save_config(cfg, run_dir)  # config.yaml records what auto chose
+    except ConfigError as e:
+        if not sweep:
+            remove_hydra_debris(hydra_dir)
+            raise
+        record_failure(run_dir, sweep.get("name", ""), e)  # as any failed point: go on
+        return float("-inf")
     algos = algo_registry()
     if cfg.algo.name not in algos:
         raise ValueError(f"algo.name={cfg.algo.name!r} is not one of {sorted(algos)}.")
@@ -123,6 +136,131 @@ def run(dcfg: DictConfig) -> float:
     return objective
 
 
+def check_runnable(cfg: Config) -> None:
+    """The full check of the config the algo will run (A2C derives its batch from the actors)."""
+    from impala_gpu.validate import validate_config
+
+    if cfg.algo.name == "a2c":
+        import warnings
+
+        from impala_gpu.algos.a2c import synchronous_config
+
+        with warnings.catch_warnings():  # a2c.train says it once, when it runs
+            warnings.simplefilter("ignore")
+            cfg = synchronous_config(cfg)
+    validate_config(cfg)
+
+
+def remove_hydra_debris(hydra_dir: str | Path) -> None:
+    """A run that failed its config check leaves no run dir: remove Hydra's output dir when it
+    holds nothing but what Hydra wrote there (``.hydra/`` and the job's log), so that
+    ``analysis.find_runs`` and the user see no run that never ran."""
+    path = Path(hydra_dir)
+    try:
+        log = f"{HydraConfig.get().job.name}.log"
+    except ValueError:  # not under Hydra
+        return
+    if not path.is_dir() or {p.name for p in path.iterdir()} - {".hydra", log}:
+        return
+    hydra_files = path / ".hydra"
+    if hydra_files.is_dir() and {p.name for p in hydra_files.iterdir()} - HYDRA_FILES:
+        return
+    shutil.rmtree(hydra_files, ignore_errors=True)
+    (path / log).unlink(missing_ok=True)
+    try:
+        path.rmdir()
+    except OSError:  # something else appeared meanwhile: leave it
+        pass
+
+
+HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+
+
+def job_config(config: DictConfig) -> Config:
+    """The run's ``Config`` from the config a Hydra callback sees (the job's keys and
+    ``hydra``)."""
+    job = OmegaConf.to_container(config, resolve=False)
+    assert isinstance(job, dict)
+    job.pop("hydra", None)
+    merged = OmegaConf.merge(OmegaConf.structured(Config), job)
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_points(config: DictConfig) -> list[list[str]] | None:
+    """Every point's overrides, as Hydra's basic sweeper will expand them (its own code), or
+    None for another sweeper (Optuna's points are drawn as the sweep goes)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()]
+    arguments += list(config.hydra.overrides.task)
+    parser = OverridesParser.create()
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    return [point for batch in batches for point in batch]
+
+
+def _exit_on_config_error(check) -> None:
+    """Run ``check()``; a ConfigError ends the process (exit 1) with its message. SystemExit,
+    because Hydra turns a callback's Exception into a warning and carries on."""
+    from impala_gpu.validate import ConfigError
+
+    try:
+        check()
+    except ConfigError as e:
+        sys.exit(f"impala_gpu: {type(e).__name__}: {e}")
+
+
+class CheckConfig(Callback):
+    """Hydra callback (``conf/config.yaml``): check the config before Hydra makes the run's
+    dir, and every point of a sweep before its first point starts, so that an impossible value
+    fails at once, with nothing written, instead of after a calibration or hours into a sweep.
+    A resumed run is checked in ``run``, on the config it resumes."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from impala_gpu.validate import validate_config
+
+        if not config.get("resume"):
+            _exit_on_config_error(lambda: validate_config(job_config(config), allow_auto=True))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_config_error(lambda: check_sweep(config))
+
+
+def check_sweep(config: DictConfig) -> None:
+    """Every point of the multirun ``config`` describes, checked (``validate_config`` with
+    ``auto`` allowed); one ConfigError names every point that cannot run."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from impala_gpu.validate import ConfigError, validate_config
+
+    points = sweep_points(config)
+    if points is None:  # another sweeper: its points are checked as each starts
+        if not config.get("resume"):
+            validate_config(job_config(config), allow_auto=True)
+        return
+    loader = GlobalHydra.instance().config_loader()
+    bad = []
+    for num, point in enumerate(points):
+        point_cfg = loader.load_sweep_config(config, list(point))
+        if point_cfg.get("resume"):
+            continue
+        try:
+            validate_config(job_config(point_cfg), allow_auto=True)
+        except ConfigError as e:
+            bad.append(f"  point #{num} ({' '.join(point)}): {e}")
+    if bad:
+        raise ConfigError(
+            f"{len(bad)} of the sweep's {len(points)} points cannot run, so none was started:\n"
+            + "\n".join(bad)
+        )
+
+
 def _say_sweep(sweep: dict[str, Any], text: str) -> None:
     print(f"impala_gpu: sweep point [{sweep.get('name', '')}] {text}", file=sys.stderr, flush=True)
 
@@ -140,7 +278,22 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def version() -> str:
+    """This package's installed version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("impala_gpu")
+    except PackageNotFoundError:
+        from impala_gpu import __version__
+
+        return __version__
+
+
 def main() -> None:
+    if "--version" in sys.argv[1:]:
+        print(f"impala_gpu {version()}")  # then Hydra's own --version line, and exit 0
     # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:

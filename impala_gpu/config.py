@@ -178,6 +178,15 @@ def register_configs() -> None:
     cs.store(group="env", name="base_env", node=EnvCfg)
     cs.store(group="model", name="base_model", node=ModelCfg)
     cs.store(group="algo", name="base_algo", node=AlgoCfg)
+    from omegaconf import OmegaConf
+
+    # conf/config.yaml's hydra.run.dir: run_dir when given, else the dated dir under runs/.
+    OmegaConf.register_new_resolver("impala_gpu.or", _first_set, replace=True)
+
+
+def _first_set(value: Any, default: Any) -> Any:
+    """``value`` unless it is unset (None or empty), else ``default``."""
+    return default if value in (None, "") else value
 
 
 def to_container(cfg: Any) -> dict[str, Any]:

@@ -3,13 +3,16 @@ and the fix."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from impala_gpu.calibration import check_values
+from impala_gpu.calibration import AUTO, check_values
 from impala_gpu.config import Config, fresh_batch_size
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
+from impala_gpu.reporting.logger import WANDB_MODES
 from impala_gpu.rl.losses import correction_name
 
 
@@ -38,9 +41,19 @@ def resolve_device(device: str) -> torch.device:
     return torch.device("cpu")
 
 
+ALGO_NAMES = ("impala", "impala_nocorrection", "a2c", "a3c")  # cli.algo_registry's keys
+
+
+def _count(v: int | str) -> int:
+    """An actor or env count, with ``auto`` as its least possible value (1): what can be
+    checked before the calibration chooses it."""
+    return 1 if v == AUTO else int(v)
+
+
 def min_num_slots(cfg: Config) -> int:
-    """Fewest slots that cannot deadlock: a batch being collected plus one unroll per actor."""
-    return cfg.batch_size + cfg.num_actors * cfg.envs_per_actor
+    """Fewest slots that cannot deadlock: a batch being collected plus one unroll per actor
+    (an ``auto`` count as 1, its least, so the check can run before the calibration)."""
+    return cfg.batch_size + _count(cfg.num_actors) * _count(cfg.envs_per_actor)
 
 
 def resolve_num_slots(cfg: Config) -> int:
@@ -162,21 +175,79 @@ def validate_learners(cfg: Config) -> None:
     _require(cfg.learner_timeout_s > 0, f"learner_timeout_s={cfg.learner_timeout_s} must be > 0.")
 
 
-def validate_config(cfg: Config) -> None:
-    """Call on a resolved config (``calibration.resolve_auto`` replaces every ``auto``)."""
-    check_values(cfg)
-    for key in ("precision", "num_actors", "envs_per_actor"):
+def _finite(v: float) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate_numbers(cfg: Config) -> None:
+    """The scalar hyperparameters and budgets no run can use (a negative learning rate, a
+    discount above 1, an unknown W&B mode): none depends on ``auto``."""
+    algo = cfg.algo
+    _require(
+        _finite(algo.learning_rate) and algo.learning_rate > 0,
+        f"algo.learning_rate={algo.learning_rate} must be a finite number > 0. Fix: e.g. "
+        "algo.learning_rate=6e-4 (the default).",
+    )
+    _require(
+        _finite(algo.discount) and 0.0 <= algo.discount <= 1.0,
+        f"algo.discount={algo.discount} must be in [0, 1]. Fix: e.g. algo.discount=0.99.",
+    )
+    for key in ("entropy_cost", "baseline_cost", "grad_norm_clip"):
+        v = getattr(algo, key)
         _require(
-            getattr(cfg, key) != "auto",
-            f"{key}=auto reached the runtime unresolved. Fix: pass the config through "
-            "impala_gpu.calibration.resolve_auto first.",
+            _finite(v) and v >= 0,
+            f"algo.{key}={v} must be a finite number >= 0. Fix: algo.{key}=0 (off) or its "
+            "default (impala_gpu/config.py).",
         )
-    validate_env_id(cfg.env.id)
-    resolve_vector_backend(cfg.env)
+    _require(
+        cfg.wandb.mode in WANDB_MODES,
+        f"wandb.mode={cfg.wandb.mode!r} is not one of {WANDB_MODES}. Fix: wandb.mode=offline "
+        "(the default), online or disabled.",
+    )
+    for key in ("max_seconds", "auto_trial_s"):
+        v = getattr(cfg, key)
+        _require(_finite(v) and v >= 0, f"{key}={v} must be >= 0. Fix: {key}=0 (off).")
+    _require(
+        _finite(cfg.log_interval_s) and cfg.log_interval_s > 0,
+        f"log_interval_s={cfg.log_interval_s} must be > 0. Fix: log_interval_s=5 (the default).",
+    )
+
+
+def validate_config(cfg: Config, allow_auto: bool = False) -> None:
+    """Every check, on a resolved config (``calibration.resolve_auto`` replaces each ``auto``).
+
+    ``allow_auto=True``: the same checks with ``precision``, ``num_actors`` and
+    ``envs_per_actor`` still ``auto``; what depends on them is checked at their least value
+    (num_slots) or left for the full check. ``cli.run`` calls it first, so an impossible value
+    fails before the calibration (seconds to minutes), any process or any file; the full check
+    follows the calibration.
+    """
+    check_values(cfg)
+    if not allow_auto:
+        for key in ("precision", "num_actors", "envs_per_actor"):
+            _require(
+                getattr(cfg, key) != AUTO,
+                f"{key}=auto reached the runtime unresolved. Fix: pass the config through "
+                "impala_gpu.calibration.resolve_auto first.",
+            )
+    _require(
+        cfg.algo.name in ALGO_NAMES,
+        f"algo.name={cfg.algo.name!r} is not one of {ALGO_NAMES}. Fix: algo=impala (or "
+        "another of those).",
+    )
+    try:  # the env module's own ValueErrors (they name env.id and the fix): as ConfigErrors,
+        # so the checks before Hydra's run dir and the sweep's first point stop on them too
+        validate_env_id(cfg.env.id)
+        resolve_vector_backend(cfg.env)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # num_actors, envs_per_actor and precision: check_values, above.
     for key in ("unroll_length", "batch_size", "total_frames"):
         v = getattr(cfg, key)
         _require(v > 0, f"{key}={v} must be positive. Fix: {key}=<a positive integer>.")
+    validate_numbers(cfg)
     _require(cfg.publish_interval > 0, f"publish_interval={cfg.publish_interval} must be >= 1.")
     _require(
         cfg.refresh_every > 0, f"refresh_every={cfg.refresh_every} must be >= 1 (1: always fresh)."
@@ -201,12 +272,16 @@ def validate_config(cfg: Config) -> None:
         correction_name(algo.correction)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    _require(
+        cfg.num_slots >= 0, f"num_slots={cfg.num_slots} must be >= 0. Fix: num_slots=0 (auto)."
+    )
     if cfg.num_slots:
         need = min_num_slots(cfg)
+        least = "; auto counted as 1" if AUTO in (cfg.num_actors, cfg.envs_per_actor) else ""
         _require(
             cfg.num_slots >= need,
             f"num_slots={cfg.num_slots} cannot hold batch_size={cfg.batch_size} plus one unroll "
-            f"per env ({cfg.num_actors} actors x {cfg.envs_per_actor} envs): that needs "
+            f"per env ({cfg.num_actors} actors x {cfg.envs_per_actor} envs{least}): that needs "
             f">= {need}. Fix: num_slots=0 (auto) or num_slots>={need}, or lower batch_size.",
         )
     validate_replay(cfg)
@@ -214,7 +289,7 @@ def validate_config(cfg: Config) -> None:
         _require(cfg.bounded_lag >= 0, f"bounded_lag={cfg.bounded_lag} must be >= 0 or null (off).")
         fresh = fresh_batch_size(cfg)
         _require(
-            fresh % cfg.envs_per_actor == 0,
+            cfg.envs_per_actor == AUTO or fresh % cfg.envs_per_actor == 0,
             f"bounded_lag needs the fresh part of each batch ({fresh} of batch_size="
             f"{cfg.batch_size}, replay.proportion={cfg.replay.proportion}) to be a multiple of "
             f"envs_per_actor ({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: "

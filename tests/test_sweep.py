@@ -3,6 +3,7 @@ are grouped by sweep."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 from impala_gpu.config import Config, EnvCfg, WandbCfg
 from impala_gpu.reporting import logger as logger_mod
 from impala_gpu.sweep import DONE_FILE, failed_points, finished_point, record_failure
+
+REPO = Path(__file__).resolve().parent.parent
 
 TINY = [
     "env=cartpole",
@@ -29,6 +32,9 @@ TINY = [
 
 @pytest.mark.slow
 def test_sweep_runs_every_point_and_reports_the_failed_one(tmp_path):
+    """A point that passes the up-front check (``cli.CheckConfig``) but fails later is
+    recorded and the sweep goes on: a2c raises batch_size to num_actors x envs_per_actor = 8,
+    so its num_slots=12 is short (it needs 16) where impala's is exactly enough."""
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
         [
@@ -37,11 +43,13 @@ def test_sweep_runs_every_point_and_reports_the_failed_one(tmp_path):
             "impala_gpu",
             "-m",
             "algo=impala,a2c",
-            "num_slots=0,3",
+            "num_slots=0,12",
             *TINY,
+            "envs_per_actor=4",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),  # this checkout, not an installed copy
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,15 +57,15 @@ def test_sweep_runs_every_point_and_reports_the_failed_one(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     points = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
     assert len(points) == 4
-    ok = [p for p in points if "num_slots=0" in p.name]
-    bad = [p for p in points if "num_slots=3" in p.name]
-    for p in ok:
-        assert (p / "metrics.jsonl").read_text().strip() and (p / "config.yaml").exists()
-        assert not (p / "error.txt").exists()
-    # impala rejects num_slots=3 up front; a2c raises batch_size to 4 and needs 8 too.
-    for p in bad:
-        assert "num_slots=3" in (p / "error.txt").read_text()
-    assert "2 sweep point(s) failed" in proc.stderr
+    bad = [p for p in points if "a2c" in p.name and "num_slots=12" in p.name]
+    for p in points:
+        if p in bad:
+            assert "num_slots=12" in (p / "error.txt").read_text()
+            assert not (p / "config.yaml").exists()  # it failed before writing anything
+        else:
+            assert (p / "metrics.jsonl").read_text().strip() and (p / "config.yaml").exists()
+            assert not (p / "error.txt").exists()
+    assert len(bad) == 1 and "1 sweep point(s) failed" in proc.stderr
     assert "FAILED: ConfigError" in proc.stderr
 
 
@@ -66,6 +74,7 @@ def _sweep(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*cmd, f"hydra.sweep.dir={sweep_dir}"],
         cwd=sweep_dir.parent,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
         capture_output=True,
         text=True,
         timeout=600,

@@ -3,9 +3,10 @@ and which overrides would help on this machine.
 
 The learner's telemetry decides it. A learner that waits for batches is starved (actor-bound);
 one that is busy while actors sit idle, blocked on free ring slots, is the bottleneck
-(learner-bound). A precision or actor-count change is suggested only when this machine's own
-calibration (``impala_gpu/calibration.py``) predicts it faster: what was fast on one box was
-2.8x slower on the next.
+(learner-bound). A precision or actor-count change is suggested only when ``auto``'s real
+trials on this machine (``impala_gpu/calibration.py``) ran it faster end to end: what was fast
+on one box was 2.8x slower on the next, and a micro-benchmark's prediction taken under load
+once claimed 30x.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Hint:
         }
 
 
-FASTER = 1.05  # suggest an alternative only if this machine's timings predict this much more
+FASTER = 1.05  # suggest an alternative only if it ran this much faster on this machine
 
 
 def diagnose(
@@ -55,9 +56,9 @@ def diagnose(
     alternatives: dict[Candidate, float] | None = None,
 ) -> Hint:
     """``m``: one metrics line (learner_busy, learner_wait, actor_idle, ...).
-    ``alternatives``: predicted speeds of this config and its alternatives from this machine's
-    calibration (``calibration.measured_alternatives``); None when it has none, and then no
-    precision or actor-count change is suggested."""
+    ``alternatives``: speeds of this config and its alternatives as ``auto``'s trials ran them
+    on this machine (``calibration.measured_alternatives``); None when it has none, and then
+    no precision or actor-count change is suggested."""
     busy, wait = float(m["learner_busy"]), float(m["learner_wait"])
     actor_idle = float(m.get("actor_idle", 0.0))
     cuda = device_type == "cuda"
@@ -78,7 +79,7 @@ def diagnose(
 
 
 def measured_faster(cfg: Config, alternatives: dict[Candidate, float] | None) -> list[str]:
-    """The overrides of the alternative this machine predicts fastest, if it beats the
+    """The overrides of the alternative that ran fastest on this machine, if it beat the
     current config by ``FASTER``; else none."""
     current = Candidate(cfg.precision, cfg.num_actors, cfg.envs_per_actor)
     if not alternatives or current not in alternatives:
@@ -90,4 +91,4 @@ def measured_faster(cfg: Config, alternatives: dict[Candidate, float] | None) ->
     if (best.num_actors, best.envs_per_actor) != (current.num_actors, current.envs_per_actor):
         tips.append(f"num_actors={best.num_actors} envs_per_actor={best.envs_per_actor}")
     ratio = alternatives[best] / alternatives[current]
-    return [*tips, f"(this machine's calibration: {ratio:.2f}x faster)"]
+    return [*tips, f"(measured end to end on this machine: {ratio:.2f}x faster)"]

@@ -34,7 +34,7 @@ def test_learner_bound_suggests_what_this_machine_measured_faster():
     hint = diagnose(window(0.99, 0.0, 0.29), cfg(), cores=2, device_type="cpu", alternatives=BOX_A)
     assert hint.bound == "learner"
     assert hint.suggestions[:2] == ["precision=bf16", "num_actors=1 envs_per_actor=32"]
-    assert "(this machine's calibration: 1.34x faster)" in hint.suggestions
+    assert "(measured end to end on this machine: 1.34x faster)" in hint.suggestions
     assert "LD_PRELOAD=<libtcmalloc_minimal.so.4>" in hint.suggestions
     assert "99%" in hint.describe() and "29%" in hint.describe()
 
