@@ -19,14 +19,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from impala_gpu.analysis import conclusion, load_sweep, summary_table  # noqa: E402
+from impala_gpu.analysis import conclusion, load_sweep, overrides, summary_table  # noqa: E402
 from impala_gpu.sweep import failed_points  # noqa: E402
-
-
-def swept(run: str) -> dict[str, str]:
-    """The overrides in a sweep point's dir name: ``3_compare_cell=a3c,seed=0`` -> {...}."""
-    name = Path(run).name.split("_", 1)[-1]
-    return dict(kv.split("=", 1) for kv in name.split(",") if "=" in kv)
 
 
 def main() -> None:
@@ -37,12 +31,15 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=None)
     ap.add_argument("--out", default="bench_out")
     ap.add_argument(
-        "--by", default=None, help="group by this swept override (from the run dirs' names)"
+        "--by",
+        default=None,
+        help="group by this swept override (from the run dirs' names); default: "
+        "analysis.summary_keys, the swept keys that tell the runs apart",
     )
     args = ap.parse_args()
     df = load_sweep(args.sweep_dir)
-    if args.by:
-        df[args.by] = [swept(run).get(args.by) for run in df["run"]]
+    if args.by and args.by not in df.columns:  # load_sweep has a column per swept key already
+        df[args.by] = [overrides(run).get(args.by) for run in df["run"]]
     table = summary_table(df, threshold=args.threshold, by=[args.by] if args.by else None)
     text = conclusion(table, threshold=args.threshold)
     with pd.option_context("display.width", 200, "display.max_columns", 20):

@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.calibration import apply_auto
-from impala_gpu.config import Config, register_configs, save_config
+from impala_gpu.config import Config, conf_dir, register_configs, save_config
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import (
@@ -30,7 +30,7 @@ from impala_gpu.sweep import (
     set_aside_unfinished,
 )
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = conf_dir()
 
 register_configs()
 

@@ -171,6 +171,20 @@ class Config:
     max_actor_restarts: int = 20  # actor replacements allowed per run before it stops (crash loop)
 
 
+def conf_dir() -> str:
+    """Hydra's config tree (``config.yaml`` and the group folders): ``impala_gpu/conf`` in an
+    installed wheel, which carries it (setup.py maps it there); else ``conf/`` beside the
+    package, in a checkout or an editable install of one. The one place that looks."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise FileNotFoundError(
+        f"no Hydra config tree (conf/config.yaml) in {package} or beside it: a wheel built "
+        "without conf/? Build it from a checkout with `pip wheel .`"
+    )
+
+
 def register_configs() -> None:
     """Register the schemas that ``conf/*.yaml`` extend (idempotent)."""
     cs = ConfigStore.instance()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+pd = pytest.importorskip("pandas")
 
 nbformat = pytest.importorskip("nbformat")
 nbconvert_execute = pytest.importorskip("nbconvert.preprocessors")
@@ -22,8 +25,6 @@ TINY = (
     "env=cartpole",
     "model=mlp",
     "total_frames=3000",
-    "num_actors=2",
-    "envs_per_actor=2",
     "batch_size=4",
     "unroll_length=10",
     "log_interval_s=0.2",
@@ -31,9 +32,13 @@ TINY = (
     "progress=false",
 )
 SWEEPS = {
-    "baselines": ("algo=impala,a2c,a3c", "seed=0"),
+    # compare_cartpole's grid at one seed, each cell with its own layout: two of its cells
+    # (a3c, a3c_160) are the same algo, which the notebook must not pool.
+    "baselines": ("experiment=compare_cartpole", "compare_cell=impala,a2c,a3c,a3c_160", "seed=0"),
     # The lag study's grid, shrunk: two lags, replay at lag 0, two corrections, one seed.
     "lag": (
+        "num_actors=2",
+        "envs_per_actor=2",
         "experiment=lag_study",
         "lag_cell=L0,L8,L0_replay",
         "algo.correction=vtrace,none",
@@ -72,12 +77,14 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: root / name for name in SWEEPS}
 
 
-def execute(notebook: str, monkeypatch: pytest.MonkeyPatch, **env: str):
+def execute(notebook: str, monkeypatch: pytest.MonkeyPatch, *extra: str, **env: str):
     """Run every cell in a fresh kernel (which inherits ``env``) from the notebooks folder, as
-    Jupyter would; a cell that raises fails the test with its traceback."""
+    Jupyter would; a cell that raises fails the test with its traceback. ``extra``: code cells
+    run after the notebook's own (to print what a test compares)."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     nb = nbformat.read(NOTEBOOKS / notebook, as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in extra]
     ep = nbconvert_execute.ExecutePreprocessor(timeout=120, kernel_name="python3")
     ep.preprocess(nb, {"metadata": {"path": str(NOTEBOOKS)}})
     return nb
@@ -109,25 +116,64 @@ def test_committed_without_outputs() -> None:
                 assert cell.outputs == [] and cell.execution_count is None, path.name
 
 
+# Printed after the notebook's cells: its CartPole summary table, as sweep_report's JSON has it.
+TABLE_JSON = "TABLE_JSON "
+PRINT_TABLE = (
+    f"import json; print({TABLE_JSON!r} + "
+    "json.dumps(tables['CartPole-v1'].to_dict(orient='records')))"
+)
+CELLS = ("impala", "a2c", "a3c", "a3c_160")
+
+
+@pytest.fixture(scope="module")
+def compare_baselines(sweeps: dict[str, Path]) -> tuple[int, str]:
+    """The notebook run once on the compare sweep: (figures, text). A threshold the tiny
+    runs reach, so the time-to-threshold path runs too."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        nb = execute(
+            "compare_baselines.ipynb",
+            monkeypatch,
+            PRINT_TABLE,
+            IMPALA_SWEEP_DIR=str(sweeps["baselines"]),
+            IMPALA_THRESHOLD="5",
+        )
+    return outputs_of(nb)
+
+
 @pytest.mark.slow
-def test_compare_baselines(sweeps: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    # A threshold the tiny runs reach, so the time-to-threshold path runs too.
-    nb = execute(
-        "compare_baselines.ipynb",
-        monkeypatch,
-        IMPALA_SWEEP_DIR=str(sweeps["baselines"]),
-        IMPALA_THRESHOLD="5",
-    )
-    figures, text = outputs_of(nb)
+def test_compare_baselines(compare_baselines: tuple[int, str]) -> None:
+    figures, text = compare_baselines
     assert figures >= 2  # return curves, throughput bars
-    assert "CartPole-v1: " in text and "was the fastest at" in text  # three algos compared
-    # The summary table lists every algo; the conclusion names only the ones that stand out.
+    assert "grouped by: ['compare_cell']" in text
+    assert "CartPole-v1: " in text and "was the fastest at" in text  # four cells compared
+    # The summary table lists every cell; the conclusion names only the ones that stand out.
     table = text.split("CartPole-v1  (threshold: 5.0)")[1].split("CartPole-v1: ")[0]
-    assert all(algo in table for algo in ("impala", "a2c", "a3c")), table
+    assert all(cell in table for cell in CELLS), table
     assert "needed the fewest frames" in text
     # The run-by-run table, at the env's milestones: the tiny runs pass 100, not 475.
     times = text.split("CartPole-v1: frames and seconds to [100.0, 475.0]")[1]
-    assert all(algo in times for algo in ("impala", "a2c", "a3c")), times
+    assert all(cell in times for cell in CELLS), times
+
+
+@pytest.mark.slow
+def test_compare_baselines_table_is_sweep_reports(
+    compare_baselines: tuple[int, str], sweeps: dict[str, Path], tmp_path: Path
+) -> None:
+    """The notebook groups as the README's figures do (benchmarks/sweep_report.py --by
+    compare_cell): one row per compare cell, the two A3C layouts apart, the same numbers."""
+    _, text = compare_baselines
+    line = next(ln for ln in text.splitlines() if ln.startswith(TABLE_JSON))
+    notebook = pd.DataFrame(json.loads(line.removeprefix(TABLE_JSON)))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "sweep_report.py"), str(sweeps["baselines"]),
+         "--threshold", "5", "--by", "compare_cell", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (report,) = tmp_path.glob("sweep_*.json")
+    script = pd.DataFrame(json.loads(report.read_text())["table"])
+    assert sorted(notebook["compare_cell"]) == sorted(CELLS) and set(notebook["runs"]) == {1}
+    pd.testing.assert_frame_equal(notebook, script)
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ Everything here is read-only and pure: functions take paths or DataFrames and re
 Typical use (what the notebooks in ``notebooks/`` do)::
 
     df = load_sweep("multirun/2026-11-30/14-00-00")
-    band = curves(df, x="frames", y="episode_return", by=("algo",))
+    keys = summary_keys(df)  # algo, or the swept cells that tell runs apart (compare_cell)
+    band = curves(df, x="frames", y="episode_return", by=keys)
     table = summary_table(df, threshold=475)
     print(conclusion(table))
 """
@@ -21,6 +22,7 @@ from impala_gpu.analysis.runs import (
     LAG_HIST_FILE,
     METRIC_COLUMNS,
     METRICS_FILE,
+    OVERRIDE_COLUMNS,
     RUN_COLUMNS,
     Run,
     find_runs,
@@ -29,6 +31,7 @@ from impala_gpu.analysis.runs import (
     load_runs,
     load_sweep,
     metrics_path,
+    overrides,
     read_lag_hist,
     read_metrics,
     runs_frame,
@@ -49,11 +52,13 @@ from impala_gpu.analysis.summaries import (
     conclusion,
     curves,
     frames_to_threshold,
+    group_label,
     lag_histograms,
     lag_summary,
     seconds_to_threshold,
     summary_keys,
     summary_table,
+    swept_keys,
     threshold_times,
 )
 
@@ -65,6 +70,7 @@ __all__ = [
     "LAG_HIST_FILE",
     "METRICS_FILE",
     "METRIC_COLUMNS",
+    "OVERRIDE_COLUMNS",
     "RUN_COLUMNS",
     "Run",
     "find_runs",
@@ -73,6 +79,7 @@ __all__ = [
     "load_runs",
     "load_sweep",
     "metrics_path",
+    "overrides",
     "read_lag_hist",
     "read_metrics",
     "runs_frame",
@@ -88,10 +95,12 @@ __all__ = [
     "conclusion",
     "curves",
     "frames_to_threshold",
+    "group_label",
     "lag_histograms",
     "lag_summary",
     "seconds_to_threshold",
     "summary_keys",
     "summary_table",
+    "swept_keys",
     "threshold_times",
 ]

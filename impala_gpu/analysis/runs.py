@@ -52,6 +52,18 @@ METRIC_COLUMNS = (
     "kl_behavior_target",
 )
 
+#: Swept override keys whose value a ``RUN_COLUMNS`` column already holds (read from the
+#: resolved config, typed): grouping by the key groups by that column.
+OVERRIDE_COLUMNS = {
+    "algo": "algo",
+    "env": "env",
+    "seed": "seed",
+    "refresh_every": "refresh_every",
+    "algo.correction": "correction",
+    "bounded_lag": "bounded_lag",
+    "replay.proportion": "replay",
+}
+
 #: The algos that share IMPALA's asynchronous pipeline: the V-trace ablation compares these.
 IMPALA_ALGOS = ("impala", "impala_nocorrection")
 
@@ -81,6 +93,11 @@ class Run:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The overrides its sweep point was run with, from its directory name."""
+        return overrides(self.name)
 
     @property
     def algo(self) -> str:
@@ -122,6 +139,16 @@ class Run:
         if isinstance(value, bool):
             return "vtrace" if value else "none"
         return str(value)
+
+
+def overrides(run: str | os.PathLike[str]) -> dict[str, str]:
+    """The overrides in a sweep point's directory name (Hydra's sweep subdir here is
+    ``<job num>_<override_dirname>``): ``3_compare_cell=a3c,seed=0`` -> ``{"compare_cell":
+    "a3c", "seed": "0"}``. Values are strings as typed; a name without ``=`` gives ``{}``.
+    Accepts a path or a ``load_sweep`` ``run`` label (its last part is the directory)."""
+    name = Path(run).name
+    name = name.split("_", 1)[1] if name.split("_", 1)[0].isdigit() and "_" in name else name
+    return dict(kv.split("=", 1) for kv in name.split(",") if "=" in kv)
 
 
 def _get(config: dict[str, Any], dotted: str, default: Any) -> Any:
@@ -285,7 +312,9 @@ def _run_label(run: Run, root: Path) -> str:
 
 
 def runs_frame(runs: Iterable[Run], root: str | os.PathLike[str] | None = None) -> pd.DataFrame:
-    """Long format: one row per metrics line of every run, with ``RUN_COLUMNS`` in front."""
+    """Long format: one row per metrics line of every run, with ``RUN_COLUMNS`` in front,
+    then one column per swept override key that those do not hold (``compare_cell``,
+    ``lag_cell``, ``lr``...: strings, NaN for runs without it; see ``overrides``)."""
     base = Path(root) if root is not None else None
     frames = []
     for run in runs:
@@ -301,6 +330,10 @@ def runs_frame(runs: Iterable[Run], root: str | os.PathLike[str] | None = None) 
             "replay": run.replay,
             "failed": run.failed,
         }
+        # Then each swept override that no column above already holds (e.g. compare_cell).
+        for key, value in run.overrides.items():
+            if key not in OVERRIDE_COLUMNS and key not in info and key not in df.columns:
+                info[key] = value
         for i, (key, value) in enumerate(info.items()):
             df.insert(i, key, value)
         frames.append(df)
@@ -318,6 +351,7 @@ def load_sweep(root: str | os.PathLike[str], *, include_failed: bool = False) ->
     Columns: ``run`` (the run's directory name, prefixed by its path below ``root`` when the
     tree holds several sweeps), ``algo``, ``env``, ``seed``, ``refresh_every`` (1 for runs that
     predate it), ``correction``, ``bounded_lag`` (-1: none), ``replay`` (the replayed
-    proportion), ``failed``, then the metric columns.
+    proportion), ``failed``, the swept override keys those do not hold (``runs_frame``), then
+    the metric columns.
     """
     return runs_frame(load_runs(root, include_failed=include_failed), root)

@@ -12,7 +12,9 @@ import pandas as pd
 
 from impala_gpu.analysis.runs import (
     IMPALA_ALGOS,
+    OVERRIDE_COLUMNS,
     Run,
+    overrides,
 )
 
 
@@ -101,29 +103,32 @@ def seconds_to_threshold(run_metrics: pd.DataFrame, threshold: float) -> float:
     return _first_reaching(run_metrics, threshold, "elapsed_s")
 
 
-def threshold_times(df: pd.DataFrame, thresholds: Sequence[float]) -> pd.DataFrame:
+def threshold_times(
+    df: pd.DataFrame, thresholds: Sequence[float], by: str | Sequence[str] | None = None
+) -> pd.DataFrame:
     """When each run first reached each return: one row per run of a ``load_sweep`` frame.
 
-    Columns: ``run``, ``algo``, ``seed``, ``frames`` (the most it played), and per threshold
+    Columns: ``run``, ``algo``, the other group keys (``by``, default ``summary_keys(df)``,
+    e.g. ``compare_cell``), ``seed``, ``frames`` (the most it played), and per threshold
     ``t``: ``frames_to_{t:g}`` and ``seconds_to_{t:g}`` (``frames_to_threshold`` and
-    ``seconds_to_threshold``; NaN: never got there). Rows sorted by algo, then seed.
+    ``seconds_to_threshold``; NaN: never got there). Rows sorted by algo and those keys, then
+    seed.
     """
+    keys = _keys(by) if by is not None else summary_keys(df)
+    front = ["algo", *(k for k in keys if k not in ("algo", "seed"))]
     rows = []
     for run, rdf in df.groupby("run", sort=False):
-        row: dict[str, Any] = {
-            "run": run,
-            "algo": rdf["algo"].iloc[0],
-            "seed": rdf["seed"].iloc[0],
-            "frames": float(rdf["frames"].max()),
-        }
+        row: dict[str, Any] = {"run": run}
+        row.update({k: rdf[k].iloc[0] for k in front})
+        row.update(seed=rdf["seed"].iloc[0], frames=float(rdf["frames"].max()))
         for t in thresholds:
             row[f"frames_to_{t:g}"] = frames_to_threshold(rdf, t)
             row[f"seconds_to_{t:g}"] = seconds_to_threshold(rdf, t)
         rows.append(row)
-    columns = ["run", "algo", "seed", "frames"]
+    columns = ["run", *front, "seed", "frames"]
     columns += [f"{k}_to_{t:g}" for t in thresholds for k in ("frames", "seconds")]
     table = pd.DataFrame(rows, columns=columns)
-    return table.sort_values(["algo", "seed"], ignore_index=True)
+    return table.sort_values([*front, "seed"], ignore_index=True)
 
 
 def _final_return(run_metrics: pd.DataFrame) -> float:
@@ -137,16 +142,48 @@ def _steady(run_metrics: pd.DataFrame) -> pd.DataFrame:
     return run_metrics.iloc[1:] if len(run_metrics) > 1 else run_metrics
 
 
-def summary_keys(df: pd.DataFrame) -> list[str]:
-    """``algo``, plus ``refresh_every`` and ``correction`` when they vary within an algo.
+def _varies_within(df: pd.DataFrame, key: str, keys: Sequence[str]) -> bool:
+    if not keys:
+        return df[key].nunique(dropna=False) > 1
+    return bool((df.groupby(list(keys), dropna=False)[key].nunique(dropna=False) > 1).any())
 
-    Within, not across: a2c always runs without correction and impala with it, so in a
-    baselines sweep ``correction`` tells nothing ``algo`` does not already say.
+
+def swept_keys(df: pd.DataFrame) -> list[str]:
+    """The columns of a ``load_sweep`` frame that hold its swept overrides (read off the run
+    dirs' names, ``overrides``), in the order the names give them, ``seed`` left out: the
+    column a key maps to (``OVERRIDE_COLUMNS``; ``algo.correction`` -> ``correction``) or the
+    key's own column (``compare_cell``)."""
+    keys: list[str] = []
+    for run in df["run"].unique() if "run" in df.columns else ():
+        for key in overrides(str(run)):
+            column = OVERRIDE_COLUMNS.get(key, key)
+            if column != "seed" and column in df.columns and column not in keys:
+                keys.append(column)
+    return keys
+
+
+def summary_keys(df: pd.DataFrame) -> list[str]:
+    """What tells a sweep's runs apart, seeds aside: the columns to group them by.
+
+    ``algo``, plus ``refresh_every`` and ``correction`` when they vary within an algo
+    (within, not across: a2c always runs without correction and impala with it, so in a
+    baselines sweep ``correction`` tells nothing ``algo`` does not already say), plus each
+    swept override (``swept_keys``) that still varies within those groups: compare_cartpole's
+    ``compare_cell`` tells its two A3C layouts (a3c, a3c_160) apart, which ``algo`` pools.
+    When the swept keys added that way already say which algo a run is (one algo per
+    ``compare_cell``), ``algo`` is left out: the groups are the swept cells themselves.
     """
     keys = ["algo"]
     for key in ("refresh_every", "correction"):
-        if key in df.columns and (df.groupby("algo")[key].nunique(dropna=False) > 1).any():
+        if key in df.columns and _varies_within(df, key, ["algo"]):
             keys.append(key)
+    added = []
+    for key in swept_keys(df):
+        if key not in keys and _varies_within(df, key, keys):
+            keys.append(key)
+            added.append(key)
+    if added and df["algo"].nunique() > 1 and not _varies_within(df, "algo", added):
+        keys.remove("algo")
     return keys
 
 
@@ -270,6 +307,12 @@ def _label(row: pd.Series, keys: Sequence[str]) -> str:
     if not extra:
         return name
     return f"{name} ({', '.join(extra)})" if name else ", ".join(extra)
+
+
+def group_label(row: pd.Series | dict[str, Any], keys: Sequence[str]) -> str:
+    """How tables' rows are named in conclusions and legends: ``a3c``, ``impala (V-trace,
+    refresh_every=8)``, ``compare_cell=a3c_160``: ``row`` holds (at least) the ``keys``."""
+    return _label(pd.Series(row) if isinstance(row, dict) else row, keys)
 
 
 def _fmt(v: float) -> str:

@@ -434,3 +434,72 @@ def test_conclusion_names_rows_by_the_keys_they_were_grouped_by(sweep: Path) -> 
     df["cell"] = df["algo"].map({"impala": "big", "a3c": "small"})
     text = A.conclusion(A.summary_table(df, by=["cell"]))
     assert "cell=small was the fastest" in text and "cell=big" in text
+
+
+def test_overrides_reads_a_sweep_points_name() -> None:
+    assert A.overrides("3_compare_cell=a3c_160,experiment=compare_cartpole,seed=0") == {
+        "compare_cell": "a3c_160",
+        "experiment": "compare_cartpole",
+        "seed": "0",
+    }
+    assert A.overrides("sweeps/A/12_algo.correction=none,lag_cell=L8") == {
+        "algo.correction": "none",
+        "lag_cell": "L8",
+    }
+    assert A.overrides("a2c_seed0") == {} and A.overrides("run_dir") == {}
+
+
+@pytest.fixture
+def compare_sweep(tmp_path: Path) -> Path:
+    """compare_cartpole's shape: compare_cell=impala,a3c,a3c_160 x seed=0,1; a3c and a3c_160
+    are the same algo. Final returns: impala 10, 20; a3c 30, 40; a3c_160 50, 60."""
+    root = tmp_path / "compare"
+    algos = {"impala": "impala", "a3c": "a3c", "a3c_160": "a3c"}
+    i = 0
+    for cell, algo in algos.items():
+        for seed in (0, 1):
+            final = 10 * (i + 1)
+            write_run(
+                root / f"{i}_compare_cell={cell},experiment=compare_cartpole,seed={seed}",
+                cfg(algo, seed, correction=algo == "impala"),
+                rows((100, 1.0, 100, 0.5, 1, 0), (200, 2.0, 100, 0.5, 1, final)),
+            )
+            i += 1
+    return root
+
+
+def test_compare_cells_are_not_pooled_by_algo(compare_sweep: Path) -> None:
+    df = A.load_sweep(compare_sweep)
+    assert {"compare_cell", "experiment"} <= set(df.columns)
+    assert A.swept_keys(df) == ["compare_cell", "experiment"]
+    # compare_cell varies within a3c and says which algo each run is: it is the group.
+    assert A.summary_keys(df) == ["compare_cell"]
+    t = A.summary_table(df).set_index("compare_cell")
+    assert t["runs"].to_dict() == {"a3c": 2, "a3c_160": 2, "impala": 2}
+    assert t["final_return"].to_dict() == {"a3c": 35.0, "a3c_160": 55.0, "impala": 15.0}
+    assert "compare_cell=a3c_160 reached the best final return: 55" in A.conclusion(t.reset_index())
+    times = A.threshold_times(df, [50])
+    assert list(times.columns[:5]) == ["run", "algo", "compare_cell", "seed", "frames"]
+    assert times["compare_cell"].tolist() == [
+        "a3c",
+        "a3c",
+        "a3c_160",
+        "a3c_160",
+        "impala",
+        "impala",
+    ]
+    # Without the cells' names (runs outside a sweep), algo is all there is.
+    df["run"] = [f"run{i}" for i in range(len(df))]
+    assert A.summary_keys(df.drop(columns=["compare_cell", "experiment"])) == ["algo"]
+
+
+def test_a_swept_key_next_to_algo(compare_sweep: Path) -> None:
+    """A swept key that does not say the algo (a learning rate across algos) joins it."""
+    df = A.load_sweep(compare_sweep)
+    df["lr"] = df["seed"].map({0: "1e-3", 1: "3e-4"})
+    df["run"] = [
+        f"{run.split('_')[0]}_algo={a},lr={lr}"
+        for run, a, lr in zip(df["run"], df["algo"], df["lr"], strict=True)
+    ]
+    assert df["run"].nunique() == 6
+    assert A.summary_keys(df.drop(columns=["compare_cell"])) == ["algo", "lr"]
