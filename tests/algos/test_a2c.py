@@ -43,6 +43,7 @@ def test_refresh_every_injects_lag_and_nocorrection_runs(tmp_path):
             run_dir,
             "experiment=cartpole_impala",
             "algo=impala_nocorrection",
+            "precision=fp32",  # both lags measured on one setup (auto may differ on a busy box)
             f"refresh_every={k}",
             "total_frames=40000",
             "log_interval_s=0.5",
