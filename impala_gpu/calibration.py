@@ -22,7 +22,9 @@ repeats exactly) and ``auto.json`` (why).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -352,8 +354,16 @@ def trial_run(cfg, c: Candidate, seconds: float) -> float:
         wandb=dataclasses.replace(cfg.wandb, mode="disabled"),
         checkpoint=dataclasses.replace(cfg.checkpoint, every_frames=0, every_minutes=0),
         health=dataclasses.replace(cfg.health, enabled=False),
+        tensorboard=False,
     )
-    with tempfile.TemporaryDirectory(prefix="impala_gpu_trial_") as tmp:
+    # A trial's own console lines (its run dir, its end-of-run summary) would read as the
+    # user's run: keep them off the console; an exception still propagates.
+    quiet = io.StringIO()
+    with (
+        tempfile.TemporaryDirectory(prefix="impala_gpu_trial_") as tmp,
+        contextlib.redirect_stdout(quiet),
+        contextlib.redirect_stderr(quiet),
+    ):
         algo_registry()[cfg.algo.name](trial, tmp, None)
         text = (Path(tmp) / "metrics.jsonl").read_text()
     lines = [json.loads(x) for x in text.splitlines()]

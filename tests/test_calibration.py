@@ -228,7 +228,7 @@ def test_close_candidates_are_decided_by_real_runs_once_then_from_the_cache(
     assert alternatives[close[1]] == 2000.0 and alternatives[close[0]] == 1000.0
 
 
-def test_a_trial_is_a_real_run_counted_after_its_start_up(tmp_path):
+def test_a_trial_is_a_real_run_counted_after_its_start_up(tmp_path, capfd):
     cfg = Config(
         env=EnvCfg(id="CartPole-v1"),
         model=ModelCfg(name="mlp", hidden_size=16),
@@ -239,6 +239,9 @@ def test_a_trial_is_a_real_run_counted_after_its_start_up(tmp_path):
     steps_per_s = cal.trial_run(cfg, Candidate("fp32", 2, 4), seconds=4.0)
     assert 100 < steps_per_s < 1e6
     assert not (tmp_path / "not_used").exists()
+    # Its run dir, learner line and end-of-run summary are not the user's run: not shown.
+    out, err = capfd.readouterr()
+    assert "run finished" not in out + err and "run dir" not in out + err, out + err
 
 
 def test_busy_cpu_s_reads_proc_stat():
