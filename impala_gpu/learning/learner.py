@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from impala_gpu.channels.ring import STEP_FIELDS
 from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
@@ -159,10 +160,7 @@ def train_step(
 def minibatch(batch: Batch, index: Tensor) -> Batch:
     """The trajectories ``index`` ``[b]`` of ``batch``: step fields ``[T+1, b, ...]``."""
     on_device = index.to(batch.obs.device)
-    steps = {
-        name: getattr(batch, name).index_select(1, on_device)
-        for name in ("obs", "reward", "terminated", "truncated", "first", "action", "logits")
-    }
+    steps = {name: getattr(batch, name).index_select(1, on_device) for name in STEP_FIELDS}
     core = tuple(c.index_select(0, on_device) for c in batch.core_state)
     return Batch(**steps, core_state=core, versions=batch.versions, replayed=batch.replayed)
 
