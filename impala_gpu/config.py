@@ -42,6 +42,8 @@ class ModelCfg:
     channels_last: bool = True  # CNNs: NHWC memory format (1.3-1.4x end to end on CPU here)
     init: str = "torch"  # torch (layer defaults) | orthogonal (gain sqrt2; heads 0.01, 1; bias 0)
     separate_value: bool = False  # the value head gets its own torso (SB3's MlpPolicy); no LSTM
+    activation: str = "relu"  # CNN torsos: relu | elu (ELU units cannot die; rl_games' Atari nets)
+    normalize_input: bool = False  # images: per-pixel running mean/std (learner-updated), clip 5
 
 
 @dataclass
@@ -60,6 +62,7 @@ class AlgoCfg:
     epochs: int = 1  # SGD passes over each batch (sample reuse; > 1 wants ppo_clip > 0)
     minibatches: int = 1  # each pass splits the batch's B trajectories into this many steps
     ppo_clip: float = 0.0  # > 0: PPO's clipped surrogate on pi/mu with V-trace targets (APPO)
+    ppo_reference: str = "behavior"  # ppo_clip's ratio to: mu (behavior) | pi at first_visit
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
     optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam
     learning_rate: float = 6e-4  # initial learning rate

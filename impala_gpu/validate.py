@@ -13,7 +13,7 @@ from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
 from impala_gpu.reporting.logger import WANDB_MODES
-from impala_gpu.rl.losses import correction_name
+from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
 
 
 class ConfigError(ValueError):
@@ -104,6 +104,12 @@ def validate_sample_reuse(cfg: Config) -> None:
         f"algo.minibatches={algo.minibatches} is more than the {share} trajectories each "
         f"learner gets per batch (batch_size={cfg.batch_size}, learners={cfg.learners}). Fix: "
         f"algo.minibatches<={share}, or a larger batch_size.",
+    )
+    _require(
+        algo.ppo_reference in PPO_REFERENCES,
+        f"algo.ppo_reference={algo.ppo_reference!r} is not one of {PPO_REFERENCES}. Fix: "
+        "algo.ppo_reference=first_visit (clip against the policy that first trained on the "
+        "trajectory) or behavior (against the actor's policy).",
     )
     if algo.epochs > 1 or algo.minibatches > 1:
         _require(

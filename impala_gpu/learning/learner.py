@@ -93,6 +93,7 @@ def train_step(
     precision: str = "fp32",
     grad_groups: list[list[nn.Parameter]] | None = None,
     grad_scale: float = 1.0,
+    reference_logits: Tensor | None = None,
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
     so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
@@ -101,11 +102,30 @@ def train_step(
     ``precision="bf16"`` runs the forward pass under bf16 autocast; V-trace and the loss are
     computed from fp32 casts of the logits and values, and backward runs outside autocast.
     ``grad_scale`` multiplies the loss before backward (data-parallel learners with a summed
-    loss, ``learning.distributed``); the reported loss is unscaled.
+    loss, ``learning.distributed``); the reported loss is unscaled. ``reference_logits``
+    ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``).
     """
+    return _update(
+        model, optimizer, batch, algo, precision, grad_groups, grad_scale, reference_logits
+    )[0]
+
+
+def _update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    algo: AlgoCfg,
+    precision: str,
+    grad_groups: list[list[nn.Parameter]] | None,
+    grad_scale: float,
+    reference_logits: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``train_step``, also returning the detached logits ``[T+1, B, A]`` it computed."""
     with autocast(batch.obs.device, precision):
         out = model(batch.obs, batch.first, batch.core_state)
     logits, values = out.logits.float(), out.value.float()
+    if reference_logits is None and algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
+        reference_logits = logits.detach()  # the first visit: its own anchor, ratio 1
     rewards = batch.reward[1:]
     loss = impala_loss(
         target_logits_t=logits[:-1],
@@ -126,6 +146,7 @@ def train_step(
         correction=algo.correction,
         normalize_advantages=algo.normalize_advantages,
         ppo_clip=algo.ppo_clip,
+        reference_logits=None if reference_logits is None else reference_logits[:-1],
     )
     optimizer.zero_grad(set_to_none=True)
     (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
@@ -154,7 +175,9 @@ def train_step(
             (~finite).to(grad_norm.dtype),
         ]
     ).float()
-    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
+    if layer_norms is not None:
+        stats = torch.cat([stats, layer_norms.to(stats.device)])
+    return stats, out.logits.detach()
 
 
 def minibatch(batch: Batch, index: Tensor) -> Batch:
@@ -163,6 +186,19 @@ def minibatch(batch: Batch, index: Tensor) -> Batch:
     steps = {name: getattr(batch, name).index_select(1, on_device) for name in STEP_FIELDS}
     core = tuple(c.index_select(0, on_device) for c in batch.core_state)
     return Batch(**steps, core_state=core, versions=batch.versions, replayed=batch.replayed)
+
+
+def update_input_stats(model: nn.Module, batch: Batch) -> None:
+    """Merge a fresh batch's frames into the policy's input statistics, if it keeps any
+    (``model.normalize_input``); replayed frames were counted when they were fresh."""
+    policy = getattr(model, "module", model)  # DistributedDataParallel wraps the policy
+    if getattr(policy, "obs_norm", None) is None:
+        return
+    obs = batch.obs  # [T+1, B, *obs_shape]
+    if batch.replayed.numel() and bool(batch.replayed.any()):
+        fresh = (~batch.replayed).nonzero().flatten().to(obs.device)
+        obs = obs.index_select(1, fresh)
+    policy.obs_norm.update(obs)
 
 
 def sgd_steps(
@@ -178,15 +214,33 @@ def sgd_steps(
     ``train_step``s over whole trajectories (PPO's sample reuse; each step recomputes V-trace
     with the current weights). Returns the steps' mean stats, in ``train_step``'s layout; the
     ``nonfinite`` entry is the fraction of steps skipped."""
+    update_input_stats(model, batch)
     if algo.epochs == 1 and algo.minibatches == 1:
         return train_step(model, optimizer, batch, algo, precision, grad_groups, grad_scale)
     B = batch.obs.shape[1]
+    # first_visit: each trajectory's logits when the first step of this batch trained on it
+    # (the clip's anchor, so its ratio starts at 1 whatever the actor's lag).
+    first_visit = algo.ppo_clip > 0 and algo.ppo_reference == "first_visit"
+    anchors = torch.empty_like(batch.logits, dtype=torch.float32) if first_visit else None
     total = None
-    for _ in range(algo.epochs):
+    for epoch in range(algo.epochs):
         for index in torch.randperm(B).chunk(algo.minibatches):
-            stats = train_step(
-                model, optimizer, minibatch(batch, index), algo, precision, grad_groups, grad_scale
+            on_device = index.to(batch.obs.device)
+            reference = None
+            if anchors is not None and epoch > 0:
+                reference = anchors.index_select(1, on_device)
+            stats, logits = _update(
+                model,
+                optimizer,
+                minibatch(batch, index),
+                algo,
+                precision,
+                grad_groups,
+                grad_scale,
+                reference,
             )
+            if anchors is not None and epoch == 0:
+                anchors.index_copy_(1, on_device, logits.float())
             total = stats if total is None else total + stats
     return total / (algo.epochs * algo.minibatches)
 

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.config import ModelCfg
+from impala_gpu.models.normalize import ObsNormalizer
 from impala_gpu.models.torsos import ImpalaTorso, InputConv, MinAtarTorso, MLPTorso, NatureTorso
 
 CoreState = tuple[Tensor, ...]  # () without LSTM; (h, c), each [B, lstm_size], with it
@@ -37,6 +38,12 @@ class Policy(nn.Module):
         self.is_image = len(obs_shape) == 3
         self.channels_last = cfg.channels_last and self.is_image
         self.torso = build_torso(name, obs_shape, cfg)
+        if cfg.normalize_input and not self.is_image:
+            raise ValueError(
+                "model.normalize_input=true normalises screen pixels; this env's observations "
+                f"have shape {tuple(obs_shape)}. Fix: model.normalize_input=false."
+            )
+        self.obs_norm = ObsNormalizer(self.obs_shape) if cfg.normalize_input else None
         if cfg.separate_value and cfg.use_lstm:
             raise ValueError(
                 "model.separate_value=true gives the value its own torso, which an LSTM core "
@@ -76,9 +83,13 @@ class Policy(nn.Module):
         dtype = _input_dtype(x.device.type)
         fp32_training = dtype == torch.float32 and torch.is_grad_enabled()
         cl_input = self.channels_last and fp32_training
-        x = x.to(dtype, memory_format=torch.channels_last if cl_input else torch.contiguous_format)
-        if obs.dtype == torch.uint8:
-            x = x.mul_(1.0 / 255.0)
+        layout = torch.channels_last if cl_input else torch.contiguous_format
+        if self.obs_norm is not None:
+            x = self.obs_norm(x).to(dtype, memory_format=layout)
+        else:
+            x = x.to(dtype, memory_format=layout)
+            if obs.dtype == torch.uint8:
+                x = x.mul_(1.0 / 255.0)
         features = self.torso(x)
         if self.lstm is not None:
             if len(core_state) != 2:
@@ -111,12 +122,17 @@ class Policy(nn.Module):
 
 def build_torso(name: str, obs_shape: tuple[int, ...], cfg: ModelCfg) -> nn.Module:
     """The torso ``name`` (already resolved from ``auto``): [N, *obs_shape] -> [N, hidden]."""
+    if cfg.activation != "relu" and name not in ("shallow", "minatar"):
+        raise ValueError(
+            f"model.activation={cfg.activation!r} is built for the shallow and minatar torsos, "
+            f"not {name!r}. Fix: model.activation=relu."
+        )
     if name == "shallow":
-        return NatureTorso(obs_shape, cfg.hidden_size)
+        return NatureTorso(obs_shape, cfg.hidden_size, cfg.activation)
     if name == "resnet":
         return ImpalaTorso(obs_shape, cfg.hidden_size)
     if name == "minatar":
-        return MinAtarTorso(obs_shape, cfg.hidden_size)
+        return MinAtarTorso(obs_shape, cfg.hidden_size, cfg.activation)
     return MLPTorso(obs_shape, cfg.hidden_size, cfg.mlp_layers)
 
 

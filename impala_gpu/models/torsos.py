@@ -22,46 +22,72 @@ class InputConv(nn.Conv2d):
         return super().forward(x).contiguous(memory_format=self.output_format)
 
 
+ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU}  # model.activation
+
+
+def activation_class(name: str) -> type[nn.Module]:
+    if name not in ACTIVATIONS:
+        raise ValueError(
+            f"model.activation={name!r} is not one of {tuple(ACTIVATIONS)} "
+            "(try model.activation=relu)."
+        )
+    return ACTIVATIONS[name]
+
+
+def _watched(activation: nn.Module) -> nn.Module | None:
+    """The activation to count dead units on: only a ReLU's units can die (an ELU unit below 0
+    still passes gradient)."""
+    return activation if isinstance(activation, nn.ReLU) else None
+
+
 class NatureTorso(nn.Module):
     """Mnih et al. 2015 CNN: 32x8x8/4, 64x4x4/2, 64x3x3/1, then FC."""
 
-    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int):
+    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int, activation: str = "relu"):
         super().__init__()
         c, h, w = obs_shape
+        act = activation_class(activation)
         self.convs = nn.Sequential(
             InputConv(c, 32, 8, stride=4),
-            nn.ReLU(),
+            act(),
             nn.Conv2d(32, 64, 4, stride=2),
-            nn.ReLU(),
+            act(),
             nn.Conv2d(64, 64, 3, stride=1),
-            nn.ReLU(),
+            act(),
         )
         with torch.no_grad():
             n_flat = self.convs(torch.zeros(1, c, h, w)).numel()
-        self.fc = nn.Sequential(nn.Linear(n_flat, hidden_size), nn.ReLU())
+        self.fc = nn.Sequential(nn.Linear(n_flat, hidden_size), act())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.convs(x).flatten(1))
 
     def health_layers(self) -> list[Layer]:
-        convs = [Layer(f"conv{i + 1}", self.convs[2 * i], self.convs[2 * i + 1]) for i in range(3)]
-        return [*convs, Layer("fc", self.fc[0], self.fc[1])]
+        convs = [
+            Layer(f"conv{i + 1}", self.convs[2 * i], _watched(self.convs[2 * i + 1]))
+            for i in range(3)
+        ]
+        return [*convs, Layer("fc", self.fc[0], _watched(self.fc[1]))]
 
 
 class MinAtarTorso(nn.Module):
     """Young & Tian 2019 (MinAtar): one 16x3x3/1 convolution over the 10x10 grid, then FC."""
 
-    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int):
+    def __init__(self, obs_shape: tuple[int, ...], hidden_size: int, activation: str = "relu"):
         super().__init__()
         c, h, w = obs_shape
-        self.conv = nn.Sequential(InputConv(c, 16, 3, stride=1), nn.ReLU())
-        self.fc = nn.Sequential(nn.Linear(16 * (h - 2) * (w - 2), hidden_size), nn.ReLU())
+        act = activation_class(activation)
+        self.conv = nn.Sequential(InputConv(c, 16, 3, stride=1), act())
+        self.fc = nn.Sequential(nn.Linear(16 * (h - 2) * (w - 2), hidden_size), act())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.conv(x).flatten(1))
 
     def health_layers(self) -> list[Layer]:
-        return [Layer("conv1", self.conv[0], self.conv[1]), Layer("fc", self.fc[0], self.fc[1])]
+        return [
+            Layer("conv1", self.conv[0], _watched(self.conv[1])),
+            Layer("fc", self.fc[0], _watched(self.fc[1])),
+        ]
 
 
 class ResidualBlock(nn.Module):

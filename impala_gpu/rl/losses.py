@@ -152,6 +152,9 @@ def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tenso
     return (log_p.exp() * (log_p.clamp(min=low) - log_q.clamp(min=low))).sum(dim=-1)
 
 
+PPO_REFERENCES = ("behavior", "first_visit")  # algo.ppo_reference
+
+
 def impala_loss(
     target_logits_t: torch.Tensor,
     values_t: torch.Tensor,
@@ -171,6 +174,7 @@ def impala_loss(
     correction: str | bool = "vtrace",
     normalize_advantages: bool = False,
     ppo_clip: float = 0.0,
+    reference_logits: torch.Tensor | None = None,
 ) -> LossOutput:
     """IMPALA loss with V-trace targets.
 
@@ -201,6 +205,11 @@ def impala_loss(
             ratio ``r_t = pi(a_t|x_t) / mu(a_t|x_t)`` to the behaviour policy and the
             advantage ``A_t = r_t + gamma_t vs_{t+1} - V(x_t)`` (APPO): the trust region
             that lets one batch serve several SGD steps (``algo.epochs``).
+        reference_logits: With ``ppo_clip``, clip the ratio to these logits ``[T, B, A]``
+            instead of the behaviour's, and weight each step by the truncated importance
+            weight ``min(clip_pg_rho_threshold, pi_ref / mu)`` (IMPACT's target network). An
+            actor's policy is already several SGD steps behind when its data arrives, so a
+            ratio to it starts outside the trust region and clipping silences those steps.
 
     Returns:
         :class:`LossOutput`.
@@ -238,20 +247,26 @@ def impala_loss(
         pg_advantages = normalized(pg_advantages, valid)
     values_f = values_t.float()
     if ppo_clip > 0:
-        pg_sum = -_masked_sum(
-            clipped_surrogate(
-                # 0 at invalid steps: their behaviour logits may be garbage, and a NaN there
-                # would reach the gradient through exp() even where the sum masks it out.
-                torch.where(
-                    valid,
-                    target_action_log_probs - behavior_action_log_probs,
-                    torch.zeros_like(behavior_action_log_probs),
-                ),
-                pg_advantages,
-                ppo_clip,
+        if reference_logits is None:
+            anchor_log_probs, weights = behavior_action_log_probs, None
+        else:
+            with torch.no_grad():
+                anchor_log_probs = vtrace.action_log_probs(reference_logits.detach(), actions)
+                weights = _clipped_rhos(
+                    anchor_log_probs - behavior_action_log_probs, valid, clip_pg_rho_threshold
+                )
+        surrogate = clipped_surrogate(
+            # 0 at invalid steps: their behaviour logits may be garbage, and a NaN there
+            # would reach the gradient through exp() even where the sum masks it out.
+            torch.where(
+                valid,
+                target_action_log_probs - anchor_log_probs,
+                torch.zeros_like(anchor_log_probs),
             ),
-            valid,
+            pg_advantages,
+            ppo_clip,
         )
+        pg_sum = -_masked_sum(surrogate if weights is None else weights * surrogate, valid)
     else:
         pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
     baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)

@@ -52,16 +52,53 @@ def test_one_pass_one_minibatch_is_one_train_step() -> None:
     torch.testing.assert_close(weights[0], weights[1])
 
 
-def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch) -> None:
+def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypatch) -> None:
+    calls: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+    real = learner._update
+
+    def spy(model, optimizer, batch, algo, precision, groups, scale, reference):
+        stats, logits = real(model, optimizer, batch, algo, precision, groups, scale, reference)
+        calls.append((batch.obs[0, :, 0].clone(), reference, logits))
+        return stats, logits
+
+    monkeypatch.setattr(learner, "_update", spy)
+    algo = AlgoCfg(
+        optimizer="adam",
+        learning_rate=1e-2,
+        reduction="mean",
+        epochs=2,
+        minibatches=2,
+        ppo_clip=0.1,
+        ppo_reference="first_visit",
+    )
+    model = make_model()
+    learner.sgd_steps(model, learner.make_optimizer(model, algo), make_batch(), algo)
+    first = {float(k): logits[:, j] for key, _, logits in calls[:2] for j, k in enumerate(key)}
+    assert all(reference is None for _, reference, _ in calls[:2])
+    for key, reference, logits in calls[2:]:
+        for j, k in enumerate(key):
+            torch.testing.assert_close(reference[:, j], first[float(k)])
+            assert not torch.allclose(logits[:, j], first[float(k)])  # the weights moved
+
+
+@pytest.mark.parametrize("reference", ["behavior", "first_visit"])
+def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, reference) -> None:
     seen: list[torch.Tensor] = []
-    real = learner.train_step
+    real = learner._update
 
     def spy(model, optimizer, batch, *args, **kwargs):
         seen.append(batch.obs[0, :, 0].clone())
         return real(model, optimizer, batch, *args, **kwargs)
 
-    monkeypatch.setattr(learner, "train_step", spy)
-    algo = AlgoCfg(optimizer="adam", reduction="mean", epochs=3, minibatches=2, ppo_clip=0.1)
+    monkeypatch.setattr(learner, "_update", spy)
+    algo = AlgoCfg(
+        optimizer="adam",
+        reduction="mean",
+        epochs=3,
+        minibatches=2,
+        ppo_clip=0.1,
+        ppo_reference=reference,
+    )
     model = make_model()
     batch = make_batch()
     stats = learner.sgd_steps(model, learner.make_optimizer(model, algo), batch, algo)

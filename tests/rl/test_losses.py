@@ -432,9 +432,12 @@ def test_off_policy_diagnostics_match_numpy() -> None:
     assert float(on.mean_abs_log_rho) == 0.0 and abs(float(on.kl_behavior_target)) < 1e-6
 
 
-def brute_force_ppo_pg_sum(batch: dict[str, torch.Tensor], epsilon: float) -> float:
+def brute_force_ppo_pg_sum(
+    batch: dict[str, torch.Tensor], epsilon: float, reference: torch.Tensor | None = None
+) -> float:
     """-sum_t min(r_t A_t, clip(r_t) A_t), with V-trace's vs from a plain numpy recursion and
-    A_t = r_t + gamma vs_{t+1} - V(x_t)."""
+    A_t = r_t + gamma vs_{t+1} - V(x_t). With ``reference`` logits: r_t = pi / pi_ref, and
+    each step weighted by min(1, pi_ref / mu)."""
     logits = batch["target_logits_t"].double().numpy()
     mu_logits = batch["behavior_logits"].double().numpy()
     a = batch["actions"].numpy()
@@ -464,14 +467,47 @@ def brute_force_ppo_pg_sum(batch: dict[str, torch.Tensor], epsilon: float) -> fl
             vs[s, b] = acc
     vs_tp1 = np.concatenate([vs[1:], boot[None]], 0)
     adv = rew + disc * vs_tp1 - v
+    weight = np.ones_like(ratio)
+    if reference is not None:
+        ref_lp = logp(reference.double().numpy())
+        weight = np.minimum(1.0, np.exp(ref_lp - logp(mu_logits)))
+        ratio = np.exp(logp(logits) - ref_lp)
     surrogate = np.minimum(ratio * adv, np.clip(ratio, 1 - epsilon, 1 + epsilon) * adv)
-    return float(-surrogate.sum())
+    return float(-(weight * surrogate).sum())
 
 
 def test_ppo_surrogate_matches_brute_force() -> None:
     batch = make_batch(3, T=6, B=3)
     out = run_loss(batch, ppo_clip=0.2, reduction="sum")
     assert out.pg_loss.item() == pytest.approx(brute_force_ppo_pg_sum(batch, 0.2), rel=1e-5)
+
+
+def test_ppo_surrogate_against_a_reference_policy_matches_brute_force() -> None:
+    batch = make_batch(6, T=6, B=3)
+    g = torch.Generator().manual_seed(60)
+    reference = batch["target_logits_t"].detach() + 0.3 * torch.randn(
+        batch["target_logits_t"].shape, generator=g
+    )
+    out = run_loss(batch, ppo_clip=0.2, reduction="sum", reference_logits=reference)
+    expected = brute_force_ppo_pg_sum(batch, 0.2, reference)
+    assert out.pg_loss.item() == pytest.approx(expected, rel=1e-5)
+    assert expected != pytest.approx(brute_force_ppo_pg_sum(batch, 0.2), rel=1e-3)
+
+
+def test_ppo_surrogate_anchored_at_the_learner_has_the_truncated_is_gradient() -> None:
+    # pi_ref = pi: r = 1, nothing clipped, and the gradient is V-trace's pg with
+    # rho = min(1, pi/mu): the clip starts from the learner, however stale the actor.
+    batch = make_batch(7, T=5, B=4)
+    grads = []
+    for kwargs in (
+        {},
+        {"ppo_clip": 0.1, "reference_logits": batch["target_logits_t"].detach().clone()},
+    ):
+        b = clone_batch(batch)
+        b["target_logits_t"].requires_grad_(True)
+        run_loss(b, reduction="sum", **kwargs).total.backward()
+        grads.append(b["target_logits_t"].grad)
+    torch.testing.assert_close(grads[0], grads[1])
 
 
 def test_ppo_surrogate_gradient_is_zero_where_the_ratio_is_clipped() -> None:
