@@ -34,7 +34,7 @@ class EnvCfg:
 
 @dataclass
 class ModelCfg:
-    name: str = "shallow"  # shallow (Nature CNN) | resnet (IMPALA deep) | mlp
+    name: str = "auto"  # auto (by observation: shallow, minatar or mlp) | shallow | resnet | mlp
     hidden_size: int = 256  # width of the torso's final layer (and of the MLP's layers)
     mlp_layers: int = 2  # mlp only: number of hidden layers
     use_lstm: bool = False  # add an LSTM core between torso and heads

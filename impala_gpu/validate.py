@@ -181,6 +181,24 @@ def validate_learners(cfg: Config) -> None:
     _require(cfg.learner_timeout_s > 0, f"learner_timeout_s={cfg.learner_timeout_s} must be > 0.")
 
 
+def validate_model_for_env(cfg: Config) -> None:
+    """A CNN on a vector env is most often the default command's Pong recipe
+    (``experiment=pong_impala``) given another env: say which preset to take instead."""
+    kind = validate_env_id(cfg.env.id)
+    _require(
+        kind != "classic" or cfg.model.name not in ("shallow", "resnet", "minatar"),
+        f"model.name={cfg.model.name} needs image observations, and env.id={cfg.env.id} has "
+        "vectors. The default command trains Pong's recipe (experiment=pong_impala); another "
+        "env wants its own. Fix: experiment=cartpole_impala for CartPole, ~experiment for the "
+        "schema's defaults, or model=mlp.",
+    )
+    _require(
+        cfg.model.normalize_input is False or kind != "classic",
+        f"model.normalize_input=true normalises screen pixels, and env.id={cfg.env.id} has "
+        "vectors. Fix: model.normalize_input=false (or ~experiment for the schema's defaults).",
+    )
+
+
 def _finite(v: float) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -262,6 +280,7 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
     _require(
         cfg.model.name in MODEL_NAMES, f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}."
     )
+    validate_model_for_env(cfg)
     algo = cfg.algo
     for key, value, allowed in (
         ("algo.optimizer", algo.optimizer, OPTIMIZERS),

@@ -86,10 +86,17 @@ def kill_marked(proc: subprocess.Popen, marker: str) -> None:
     proc.communicate(timeout=30)
 
 
+def schema_defaults(overrides: tuple[str, ...] | list[str]) -> list[str]:
+    """``~experiment`` unless ``overrides`` pick a preset: a test states its whole config, on
+    the schema's defaults, not on the default command's Pong recipe (conf/config.yaml)."""
+    picks = any(o.lstrip("+~").startswith("experiment") for o in overrides)
+    return [] if picks else ["~experiment"]
+
+
 def cli_command(run_dir: Path, *overrides: str) -> list[str]:
     """The CLI with W&B disabled unless an override sets wandb.mode (later overrides win)."""
     base = [sys.executable, "-m", "impala_gpu", f"run_dir={run_dir}", "progress=false"]
-    return [*base, "wandb.mode=disabled", *overrides]
+    return [*base, *schema_defaults(overrides), "wandb.mode=disabled", *overrides]
 
 
 def popen_marked(cmd: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
+from leakcheck import schema_defaults
 from omegaconf import OmegaConf
 
 from impala_gpu.cli import CONF_DIR, save_config
@@ -63,7 +64,7 @@ def _exception_chain_text(exc: BaseException) -> str:
     [("pong", "ALE/Pong-v5"), ("breakout", "ALE/Breakout-v5"), ("cartpole", "CartPole-v1")],
 )
 def test_compose_env_group(hydra_compose, env, env_id):
-    cfg = _to_config(hydra_compose([f"env={env}"]))
+    cfg = _to_config(hydra_compose(["~experiment", f"env={env}"]))
     assert isinstance(cfg.env, EnvCfg)
     assert cfg.env.id == env_id
     assert cfg.env.clip_rewards is (env != "cartpole")
@@ -72,24 +73,62 @@ def test_compose_env_group(hydra_compose, env, env_id):
 
 @pytest.mark.parametrize("model", ["auto", "shallow", "resnet", "mlp"])
 def test_compose_model_group(hydra_compose, model):
-    cfg = _to_config(hydra_compose([f"model={model}"]))
+    cfg = _to_config(hydra_compose(["~experiment", f"model={model}"]))
     assert isinstance(cfg.model, ModelCfg)
     assert cfg.model.name == model
     assert cfg.model.hidden_size == (64 if model == "mlp" else 256)
 
 
 def test_compose_algo_group(hydra_compose):
-    cfg = _to_config(hydra_compose(["algo=impala"]))
+    cfg = _to_config(hydra_compose(["~experiment", "algo=impala"]))
     assert isinstance(cfg.algo, AlgoCfg)
     assert cfg.algo == AlgoCfg(name="impala")
 
 
-def test_compose_default(hydra_compose):
+def test_compose_default_is_the_pong_recipe(hydra_compose):
     cfg = _to_config(hydra_compose())
-    assert cfg.env.id == "ALE/Pong-v5"
-    assert cfg.model.name == "auto"
-    assert cfg.algo.name == "impala"
+    assert cfg == _to_config(hydra_compose(["experiment=pong_impala"]))
+    assert cfg.env.id == "ALE/Pong-v5" and cfg.model.name == "shallow"
+    assert cfg.algo.name == "impala" and cfg.target_return == 18
     assert isinstance(cfg.wandb, WandbCfg)
+    schema = _to_config(hydra_compose(["~experiment"]))
+    assert schema.model.name == "auto" and schema.target_return is None
+
+
+# The IMPALA paper's shallow Atari agent (Espeholt et al. 2018, table D.2 and section 5.3),
+# as the project has always stated it: a preset that stays this when the schema changes.
+PAPER_PONG = {
+    "total_frames": 50_000_000,
+    "unroll_length": 20,
+    "batch_size": 32,
+    "target_return": None,
+    "bounded_lag": None,
+    "model": {"name": "shallow", "init": "torch", "hidden_size": 256, "use_lstm": False},
+    "algo": {
+        "name": "impala",
+        "optimizer": "rmsprop",
+        "learning_rate": 6e-4,
+        "rmsprop_alpha": 0.99,
+        "rmsprop_eps": 0.01,
+        "lr_schedule": "linear",
+        "lr_decay_frames": 0,
+        "reduction": "sum",
+        "discount": 0.99,
+        "baseline_cost": 0.5,
+        "entropy_cost": 0.01,
+        "grad_norm_clip": 40.0,
+        "vtrace_lambda": 1.0,
+        "epochs": 1,
+        "ppo_clip": 0.0,
+        "normalize_advantages": False,
+    },
+}
+
+
+def test_paper_pong_is_the_papers_recipe(hydra_compose):
+    cfg = _to_config(hydra_compose(["experiment=paper_pong"]))
+    assert cfg.env.id == "ALE/Pong-v5"
+    _assert_subset(PAPER_PONG, dataclasses.asdict(cfg))
 
 
 def _experiment_values(name: str) -> dict:
@@ -115,6 +154,7 @@ def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
     [
         ("cartpole_impala", "CartPole-v1", "mlp"),
         ("pong_impala", "ALE/Pong-v5", "shallow"),
+        ("paper_pong", "ALE/Pong-v5", "shallow"),
         ("breakout_impala", "ALE/Breakout-v5", "shallow"),
         ("lag_study", "LunarLander-v3", "mlp"),
         ("lag_study_minatar", "MinAtar/Breakout-v1", "minatar"),
@@ -131,7 +171,7 @@ def test_compose_experiment(hydra_compose, experiment, env_id, model):
 
 
 def test_experiment_cartpole_overrides_defaults(hydra_compose):
-    default = _to_config(hydra_compose(["env=cartpole", "model=mlp"]))
+    default = _to_config(hydra_compose(["~experiment", "env=cartpole", "model=mlp"]))
     cfg = _to_config(hydra_compose(["experiment=cartpole_impala"]))
     assert cfg.batch_size != default.batch_size
     assert cfg.total_frames != default.total_frames
@@ -145,7 +185,7 @@ def test_command_line_override_beats_experiment(hydra_compose):
 
 
 def test_top_level_keys_and_types(hydra_compose):
-    dcfg = hydra_compose()
+    dcfg = hydra_compose(["~experiment"])  # the schema's own defaults
     cfg = _to_config(dcfg)
     for key, typ in TOP_LEVEL_TYPES.items():
         assert key in dcfg
@@ -187,7 +227,7 @@ def test_wrong_type_nested(hydra_compose):
 def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, HYDRA_FULL_ERROR="0", WANDB_MODE="disabled")
     return subprocess.run(
-        [sys.executable, "-m", "impala_gpu", *args],
+        [sys.executable, "-m", "impala_gpu", *args, *schema_defaults(args)],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -242,6 +282,8 @@ def test_validate_accepts_composed_configs(hydra_compose):
     for name in ("cartpole_impala", "pong_impala", "breakout_impala"):
         overrides = [f"experiment={name}", "precision=fp32"]
         validate_config(_to_config(hydra_compose(overrides)))
+    # paper_pong leaves the actor split to auto, as the paper's fleet size means nothing here.
+    validate_config(_to_config(hydra_compose(["experiment=paper_pong"])), allow_auto=True)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from leakcheck import schema_defaults
 
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, WandbCfg
 from impala_gpu.validate import ConfigError, validate_config
@@ -31,7 +32,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         IMPALA_GPU_CACHE_DIR=str(cwd / "cache"),
     )
     return subprocess.run(
-        [sys.executable, "-m", "impala_gpu", *args],
+        [sys.executable, "-m", "impala_gpu", *args, *schema_defaults(args)],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -142,3 +143,13 @@ def test_the_check_before_auto_passes_the_defaults_and_leaves_auto_to_the_full_c
     validate_config(dataclasses.replace(cfg, num_slots=33), allow_auto=True)  # 32 + 1 unroll
     with pytest.raises(ConfigError, match="precision=auto reached the runtime"):
         validate_config(cfg)
+
+
+def test_the_default_pong_recipe_given_a_vector_env_names_the_preset_to_take(tmp_path):
+    # experiment=pong_impala is what the bare command composes (tests/test_config.py).
+    run_dir = tmp_path / "run"
+    proc = _cli(["experiment=pong_impala", "env=cartpole", f"run_dir={run_dir}"], tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "ConfigError: model.name=shallow needs image observations" in proc.stderr
+    assert "Fix: experiment=cartpole_impala" in proc.stderr
+    assert "auto (" not in proc.stderr and not run_dir.exists()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from leakcheck import schema_defaults
 
 pd = pytest.importorskip("pandas")
 
@@ -54,7 +55,15 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sweeps")
     procs = {}
     for name, overrides in SWEEPS.items():
-        cmd = [sys.executable, "-m", "impala_gpu", "-m", *overrides, *TINY]
+        cmd = [
+            sys.executable,
+            "-m",
+            "impala_gpu",
+            "-m",
+            *schema_defaults(overrides),
+            *overrides,
+            *TINY,
+        ]
         # A file, not a pipe: a sweep must never stall on output nobody is reading yet.
         with open(root / f"{name}.log", "w") as log:
             procs[name] = subprocess.Popen(

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from leakcheck import schema_defaults
 
 from impala_gpu.config import Config, EnvCfg, WandbCfg
 from impala_gpu.reporting import logger as logger_mod
@@ -70,7 +71,7 @@ def test_sweep_runs_every_point_and_reports_the_failed_one(tmp_path):
 
 
 def _sweep(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "impala_gpu", "-m", *args, *TINY]
+    cmd = [sys.executable, "-m", "impala_gpu", "-m", *schema_defaults(args), *args, *TINY]
     return subprocess.run(
         [*cmd, f"hydra.sweep.dir={sweep_dir}"],
         cwd=sweep_dir.parent,

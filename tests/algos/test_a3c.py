@@ -37,6 +37,7 @@ REPO = Path(CONF_DIR).parent
 
 # Small CartPole runs: Adam with mean-reduced losses learns fast at this size.
 CARTPOLE = (
+    "~experiment",  # the schema's defaults, not the default command's Pong recipe
     "algo=a3c",
     "env=cartpole",
     "model=mlp",
