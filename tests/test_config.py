@@ -155,6 +155,7 @@ def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
         ("cartpole_impala", "CartPole-v1", "mlp"),
         ("pong_impala", "ALE/Pong-v5", "shallow"),
         ("paper_pong", "ALE/Pong-v5", "shallow"),
+        ("pong_a2c_sizes", "ALE/Pong-v5", "shallow"),
         ("breakout_impala", "ALE/Breakout-v5", "shallow"),
         ("lag_study", "LunarLander-v3", "mlp"),
         ("lag_study_minatar", "MinAtar/Breakout-v1", "minatar"),
