@@ -94,6 +94,7 @@ def train_step(
     grad_groups: list[list[nn.Parameter]] | None = None,
     grad_scale: float = 1.0,
     reference_logits: Tensor | None = None,
+    keep_logits: list[Tensor] | None = None,
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
     so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
@@ -103,24 +104,9 @@ def train_step(
     computed from fp32 casts of the logits and values, and backward runs outside autocast.
     ``grad_scale`` multiplies the loss before backward (data-parallel learners with a summed
     loss, ``learning.distributed``); the reported loss is unscaled. ``reference_logits``
-    ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``).
+    ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``); the step's
+    own detached logits are appended to ``keep_logits`` when it is given.
     """
-    return _update(
-        model, optimizer, batch, algo, precision, grad_groups, grad_scale, reference_logits
-    )[0]
-
-
-def _update(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: Batch,
-    algo: AlgoCfg,
-    precision: str,
-    grad_groups: list[list[nn.Parameter]] | None,
-    grad_scale: float,
-    reference_logits: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    """``train_step``, also returning the detached logits ``[T+1, B, A]`` it computed."""
     with autocast(batch.obs.device, precision):
         out = model(batch.obs, batch.first, batch.core_state)
     logits, values = out.logits.float(), out.value.float()
@@ -175,9 +161,9 @@ def _update(
             (~finite).to(grad_norm.dtype),
         ]
     ).float()
-    if layer_norms is not None:
-        stats = torch.cat([stats, layer_norms.to(stats.device)])
-    return stats, out.logits.detach()
+    if keep_logits is not None:
+        keep_logits.append(out.logits.detach())
+    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
 
 
 def minibatch(batch: Batch, index: Tensor) -> Batch:
@@ -229,7 +215,8 @@ def sgd_steps(
             reference = None
             if anchors is not None and epoch > 0:
                 reference = anchors.index_select(1, on_device)
-            stats, logits = _update(
+            kept: list[Tensor] | None = [] if anchors is not None and epoch == 0 else None
+            stats = train_step(
                 model,
                 optimizer,
                 minibatch(batch, index),
@@ -238,9 +225,10 @@ def sgd_steps(
                 grad_groups,
                 grad_scale,
                 reference,
+                kept,
             )
-            if anchors is not None and epoch == 0:
-                anchors.index_copy_(1, on_device, logits.float())
+            if kept:
+                anchors.index_copy_(1, on_device, kept[0].float())
             total = stats if total is None else total + stats
     return total / (algo.epochs * algo.minibatches)
 

@@ -54,14 +54,17 @@ def test_one_pass_one_minibatch_is_one_train_step() -> None:
 
 def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypatch) -> None:
     calls: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
-    real = learner._update
+    real = learner.train_step
 
-    def spy(model, optimizer, batch, algo, precision, groups, scale, reference):
-        stats, logits = real(model, optimizer, batch, algo, precision, groups, scale, reference)
-        calls.append((batch.obs[0, :, 0].clone(), reference, logits))
-        return stats, logits
+    def spy(model, optimizer, batch, algo, precision, groups, scale, reference, keep):
+        mine: list[torch.Tensor] = []
+        stats = real(model, optimizer, batch, algo, precision, groups, scale, reference, mine)
+        calls.append((batch.obs[0, :, 0].clone(), reference, mine[0]))
+        if keep is not None:
+            keep.extend(mine)
+        return stats
 
-    monkeypatch.setattr(learner, "_update", spy)
+    monkeypatch.setattr(learner, "train_step", spy)
     algo = AlgoCfg(
         optimizer="adam",
         learning_rate=1e-2,
@@ -84,13 +87,13 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
 @pytest.mark.parametrize("reference", ["behavior", "first_visit"])
 def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, reference) -> None:
     seen: list[torch.Tensor] = []
-    real = learner._update
+    real = learner.train_step
 
     def spy(model, optimizer, batch, *args, **kwargs):
         seen.append(batch.obs[0, :, 0].clone())
         return real(model, optimizer, batch, *args, **kwargs)
 
-    monkeypatch.setattr(learner, "_update", spy)
+    monkeypatch.setattr(learner, "train_step", spy)
     algo = AlgoCfg(
         optimizer="adam",
         reduction="mean",
