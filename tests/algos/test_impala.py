@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import signal
 from pathlib import Path
 
@@ -110,6 +111,29 @@ def test_pong_smoke_writes_every_metric(tmp_path):
     missing = REQUIRED_FIELDS - set(metrics[-1])
     assert not missing, f"metrics.jsonl lacks {sorted(missing)}"
     assert metrics[-1]["entropy"] > 0.5  # near-uniform over 6 actions at the start
+
+
+def test_the_default_recipe_runs_end_to_end_on_pong(tmp_path):
+    # experiment=pong_impala (what the bare command trains), shrunk: 4 updates of 4 x 16 steps,
+    # each used for 4 epochs of 2 minibatches, with ELU, input normalisation and the
+    # first-visit anchor, through real actors and the bounded-lag ring.
+    run_dir = tmp_path / "recipe"
+    run_cli(
+        run_dir,
+        "experiment=pong_impala",
+        "precision=fp32",
+        "envs_per_actor=4",
+        "batch_size=4",
+        "unroll_length=16",
+        "algo.minibatches=2",
+        "total_frames=1024",
+        "log_interval_s=0.5",
+    )
+    metrics = read_metrics(run_dir)
+    assert metrics[-1]["frames"] == 1024 and metrics[-1]["updates"] == 4
+    assert 0.5 < metrics[-1]["entropy"] <= math.log(6) + 1e-6
+    saved = (run_dir / "config.yaml").read_text()
+    assert "activation: elu" in saved and "ppo_reference: first_visit" in saved
 
 
 # CartPole, 2 actors x 4 envs, B=8 (two whole unrolls per batch), T=10: 80 frames per update.

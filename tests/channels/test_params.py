@@ -88,3 +88,22 @@ def test_round_trip_keeps_channels_last_weights():
     assert conv.is_contiguous(memory_format=torch.channels_last)
     for a, b in zip(src.parameters(), dst.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_input_statistics_travel_with_the_weights():
+    # model.normalize_input's running mean and variance are gradient-free parameters, so the
+    # actors' copies follow the learner's: a stale copy would normalise with other statistics.
+    from impala_gpu.config import ModelCfg
+    from impala_gpu.models import build_model
+
+    cfg = ModelCfg(name="shallow", normalize_input=True, activation="elu")
+    learner, actor = build_model((4, 84, 84), 6, cfg), build_model((4, 84, 84), 6, cfg)
+    learner.obs_norm.update(torch.randint(0, 255, (64, 4, 84, 84), dtype=torch.uint8))
+    store = ParamStore.for_model(learner)
+    store.publish(learner, 1)
+    flat = torch.empty(store.flat.shape[1])
+    assert store.try_read(flat) == 1
+    load_flat_into(actor, flat)
+    torch.testing.assert_close(actor.obs_norm.mean, learner.obs_norm.mean)
+    torch.testing.assert_close(actor.obs_norm.var, learner.obs_norm.var)
+    assert not torch.equal(actor.obs_norm.var, torch.ones_like(actor.obs_norm.var))
