@@ -71,7 +71,12 @@ def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
     groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment"}
     groups |= {"compare_cell", "lag_cell"}  # the sweep presets' own groups
-    scalar = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in groups]
+    # A deletion (~key) changes the defaults the run was composed from, which it keeps.
+    scalar = [
+        o
+        for o in overrides
+        if not o.startswith("~") and o.split("=", 1)[0].lstrip("+") not in groups
+    ]
     skipped = sorted(set(overrides) - set(scalar))
     if skipped:
         print(

@@ -3,6 +3,7 @@ with the network's health (entropy, logit spread, dead fc units) underneath.
 
     python scripts/plot_learning.py runs/abl/B_tf runs/abl/C_tf_ortho --out docs/pong.png
     python scripts/plot_learning.py NAME=RUN_DIR ... --target 18
+    python scripts/plot_learning.py NAME=RUN_DIR ... --returns-only --out docs/headline.png
 
 Each argument is a run dir, or ``label=run_dir``. The learning-curve PNGs in docs/ are made by
 this script (commands in docs/results/).
@@ -38,18 +39,26 @@ def main() -> None:
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--title", default="")
     p.add_argument("--target", type=float, default=None, help="draw this return as a line")
+    p.add_argument("--max-frames", type=float, default=None, help="cut every run at these frames")
+    p.add_argument(
+        "--returns-only", action="store_true", help="only return against frames and minutes"
+    )
     args = p.parse_args()
 
-    fig, axes = plt.subplots(2, 4, figsize=(19, 8))
+    panels = PANELS[:2] if args.returns_only else PANELS
+    fig, axes = plt.subplots(*((1, 2) if args.returns_only else (2, 4)))
+    fig.set_size_inches((12, 4.2) if args.returns_only else (19, 8))
     for i, spec in enumerate(args.runs):
         label, _, path = spec.rpartition("=")
         label = label or Path(path).name
         df = read_metrics(metrics_path(path))
-        for ax, (x, y, _) in zip(axes.flat, PANELS, strict=True):
+        if args.max_frames is not None:
+            df = df[df["frames"] <= args.max_frames]
+        for ax, (x, y, _) in zip(axes.flat, panels, strict=True):
             if y in df and df[y].notna().any():
                 xs = df[x] / (1e6 if x == "frames" else 60.0)
                 ax.plot(xs, df[y], label=label, lw=1.2, color=f"C{i}")  # same colour everywhere
-    for ax, (x, y, title) in zip(axes.flat, PANELS, strict=True):
+    for ax, (x, y, title) in zip(axes.flat, panels, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("frames (millions)" if x == "frames" else "wall-clock (minutes)")
         ax.grid(alpha=0.3)

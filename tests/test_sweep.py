@@ -46,6 +46,7 @@ def test_sweep_runs_every_point_and_reports_the_failed_one(tmp_path):
             "algo=impala,a2c",
             "num_slots=0,12",
             *TINY,
+            *schema_defaults(TINY),
             "envs_per_actor=4",
             f"hydra.sweep.dir={sweep_dir}",
         ],

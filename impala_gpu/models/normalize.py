@@ -31,7 +31,7 @@ class ObsNormalizer(nn.Module):
         """Merge ``obs [..., *obs_shape]`` (any leading dims, any dtype) into the moments."""
         x = obs.reshape(-1, *self.mean.shape).float()
         n = float(x.shape[0])
-        batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
+        batch_var, batch_mean = torch.var_mean(x, dim=0, unbiased=False)
         total = self.count + n
         delta = batch_mean - self.mean
         m2 = self.var * self.count + batch_var * n + delta.square() * (self.count * n / total)
@@ -40,6 +40,7 @@ class ObsNormalizer(nn.Module):
         self.count.copy_(total)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x [N, *obs_shape]`` -> fp32 normalised."""
-        z = (x.float() - self.mean) * torch.rsqrt(self.var + self.eps)
-        return z.clamp_(-self.clip, self.clip)
+        """``x [N, *obs_shape]`` -> fp32 normalised: ``x * scale + shift`` in one fused op."""
+        scale = torch.rsqrt(self.var + self.eps)  # [*obs_shape]: small next to x
+        shift = -self.mean * scale
+        return torch.addcmul(shift, x.float(), scale).clamp_(-self.clip, self.clip)

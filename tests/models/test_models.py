@@ -288,3 +288,22 @@ def test_separate_value_with_lstm_is_refused():
     cfg = ModelCfg(name="mlp", hidden_size=16, separate_value=True, use_lstm=True)
     with pytest.raises(ValueError, match="separate_value=true .*model.use_lstm=false"):
         build_model((8,), 4, cfg)
+
+
+def test_input_normaliser_matches_its_formula_and_running_moments():
+    from impala_gpu.models.normalize import ObsNormalizer
+
+    g = torch.Generator().manual_seed(0)
+    norm = ObsNormalizer((2, 3, 3))
+    frames = torch.randint(0, 256, (40, 2, 3, 3), generator=g, dtype=torch.uint8)
+    for chunk in frames.split(7):  # uneven chunks: the merge must not depend on them
+        norm.update(chunk)
+    x = frames.double()
+    torch.testing.assert_close(norm.mean.double(), x.mean(0), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(norm.var.double(), x.var(0, unbiased=False), rtol=1e-4, atol=1e-3)
+    expected = ((x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-5)).clamp(-5, 5)
+    torch.testing.assert_close(norm(frames).double(), expected, rtol=1e-4, atol=1e-4)
+    constant = torch.full((4, 2, 3, 3), 87, dtype=torch.uint8)
+    still = ObsNormalizer((2, 3, 3))
+    still.update(constant)
+    assert torch.all(still(constant).abs() < 0.01)  # a pixel that never changes says ~nothing
