@@ -3,6 +3,9 @@ injected lag, end to end on CartPole."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 from leakcheck import read_metrics, run_cli
 
@@ -48,10 +51,13 @@ def test_refresh_every_injects_lag_and_nocorrection_runs(tmp_path):
             "total_frames=40000",
             "log_interval_s=0.5",
         )
-        metrics = read_metrics(run_dir)
-        lags[k] = max(m["policy_lag_mean"] for m in metrics)
+        assert read_metrics(run_dir)
         assert "correction: none" in (run_dir / "config.yaml").read_text()
-        hist = (run_dir / "lag_hist.json").read_text()
-        assert '"counts"' in hist
-    # Actors keep weights until the learner is 8 updates ahead: lag of at least ~4 on average.
+        hist = json.loads((run_dir / "lag_hist.json").read_text())
+        counts = np.asarray(hist["counts"], dtype=np.float64)
+        # The whole run's mean lag: on a loaded box the ring queues unrolls and every run's lag
+        # rises, but one window's peak rises most; the mean over all samples is what k shifts.
+        lags[k] = float(np.dot(hist["bins"], counts) / counts.sum())
+    # An actor keeps its weights for 8 unrolls, about one update each (2 actors x 8 envs, B=16):
+    # 0-7 updates more lag, 3.5 on average, on top of the ring's queueing.
     assert lags[8] >= 3.5 and lags[8] > lags[1] + 2, lags
