@@ -53,7 +53,7 @@ from impala_gpu.reporting.progress import Progress
 from impala_gpu.reporting.summary import print_summary
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.reporting.tuning import diagnose
-from impala_gpu.speed import allocator, default_learner_threads
+from impala_gpu.speed import allocator, learner_threads
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
 
 
@@ -72,10 +72,14 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     spec = env_spec(cfg.env)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
-    threads = cfg.learner_threads or default_learner_threads(
-        device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
+    threads = learner_threads(
+        device.type,
+        cfg.precision,
+        os.cpu_count() or 1,
+        cfg.num_actors,
+        cfg.learner_threads,
+        rdv.world if rdv else 1,
     )
-    threads = max(1, threads // (rdv.world if rdv else 1))
     torch.set_num_threads(threads)
     learner = build_learner(cfg, spec, device)
     tele = Telemetry(STAT_NAMES + tuple(learner.grad_names), device.type == "cuda")
