@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from impala_gpu.acting.actor import IDLE_NS, STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool
-from impala_gpu.calibration import apply_auto, measured_alternatives
+from impala_gpu.calibration import measured_alternatives
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
 from impala_gpu.config import Config, fresh_batch_size, to_container
@@ -64,7 +64,6 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     if rdv is not None and not rdv.leader:
         distributed.follower_main(rdv, cfg)  # a torchrun rank > 0: trains on its shares only
         return {}
-    cfg = apply_auto(cfg, run_dir)
     validate_config(cfg)
     device = resolve_device(cfg.device)
     if rdv is not None:
