@@ -7,8 +7,9 @@ import re
 import shutil
 import signal
 import sys
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -30,21 +31,12 @@ from impala_gpu.sweep import (
     set_aside_unfinished,
 )
 
+if TYPE_CHECKING:
+    from impala_gpu.algos.registry import Algorithm
+
 CONF_DIR = conf_dir()
 
 register_configs()
-
-
-def algo_registry() -> dict[str, Any]:
-    """algo.name -> train(cfg, run_dir, sweep). Imported lazily: start-up stays fast."""
-    from impala_gpu.algos import a2c, a3c, impala
-
-    return {
-        "impala": impala.train,
-        "impala_nocorrection": impala.train,
-        "a2c": a2c.train,
-        "a3c": a3c.train,
-    }
 
 
 def _sweep_info() -> tuple[str, dict[str, Any]]:
@@ -105,6 +97,7 @@ def run(dcfg: DictConfig) -> float:
         dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
+    from impala_gpu.algos.registry import algorithm  # here: start-up stays fast
     from impala_gpu.learning.distributed import torchrun_rendezvous
     from impala_gpu.validate import ConfigError, validate_config
 
@@ -112,21 +105,21 @@ def run(dcfg: DictConfig) -> float:
         # Everything auto does not decide, before the calibration (seconds to minutes), any
         # process or any file; the rest once auto has chosen, before config.yaml is written.
         validate_config(cfg, allow_auto=True)
+        algo = algorithm(cfg.algo.name)
         rank = torchrun_rendezvous()
         if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
-            cfg = apply_auto(cfg, run_dir, check=check_runnable)
-            save_config(cfg, run_dir)  # config.yaml records what auto chose
+            # auto's one resolution: no algorithm resolves it again.
+            cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(c, algo))
+            cfg = algo.runs(cfg)
+            save_config(cfg, run_dir)  # config.yaml records what runs, auto's choice included
     except ConfigError as e:
         if not sweep:
             remove_hydra_debris(hydra_dir)
             raise
         record_failure(run_dir, sweep.get("name", ""), e)  # as any failed point: go on
         return float("-inf")
-    algos = algo_registry()
-    if cfg.algo.name not in algos:
-        raise ValueError(f"algo.name={cfg.algo.name!r} is not one of {sorted(algos)}.")
     try:
-        last = algos[cfg.algo.name](cfg, run_dir, sweep)
+        last = algo.train(cfg, run_dir, sweep)
     except Exception as e:
         if not sweep:
             raise
@@ -141,18 +134,13 @@ def run(dcfg: DictConfig) -> float:
     return objective
 
 
-def check_runnable(cfg: Config) -> None:
-    """The full check of the config the algo will run (A2C derives its batch from the actors)."""
+def check_runnable(cfg: Config, algo: Algorithm) -> None:
+    """The full check of the config ``algo`` will run (A2C derives its batch from the actors)."""
     from impala_gpu.validate import validate_config
 
-    if cfg.algo.name == "a2c":
-        import warnings
-
-        from impala_gpu.algos.a2c import synchronous_config
-
-        with warnings.catch_warnings():  # a2c.train says it once, when it runs
-            warnings.simplefilter("ignore")
-            cfg = synchronous_config(cfg)
+    with warnings.catch_warnings():  # what algo.runs warns of, it says once, when it applies
+        warnings.simplefilter("ignore")
+        cfg = algo.runs(cfg)
     validate_config(cfg)
 
 

@@ -39,7 +39,7 @@ class ModelCfg:
     mlp_layers: int = 2  # mlp only: number of hidden layers
     use_lstm: bool = False  # add an LSTM core between torso and heads
     lstm_size: int = 256  # LSTM hidden size
-    channels_last: bool = True  # CNNs: NHWC memory format (1.3-1.4x end to end on CPU here)
+    channels_last: bool = True  # CNNs: NHWC memory format (faster on CPU: docs/performance.md)
     init: str = "torch"  # torch (layer defaults) | orthogonal (gain sqrt2; heads 0.01, 1; bias 0)
     separate_value: bool = False  # the value head gets its own torso (SB3's MlpPolicy); no LSTM
     activation: str = "relu"  # CNN torsos: relu | elu (ELU units cannot die; rl_games' Atari nets)
@@ -121,7 +121,14 @@ class RayCfg:
     inflight_per_actor: int = 2  # unroll requests queued per actor: it steps while one travels
 
 
+AUTO = "auto"
+AUTO_KEYS = ("precision", "num_actors", "envs_per_actor")  # what impala_gpu.calibration chooses
 AUTO_TRIAL_ENV = "IMPALA_GPU_AUTO_TRIAL_S"
+
+
+def auto_keys(cfg: Any) -> list[str]:
+    """The ``AUTO_KEYS`` that ``cfg`` still leaves to ``auto``."""
+    return [k for k in AUTO_KEYS if getattr(cfg, k) == AUTO]
 
 
 def auto_trial_default() -> float:
@@ -154,7 +161,7 @@ class Config:
     max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
     refresh_every: int = 1  # refresh interval K: reload weights once K updates behind (lag cycles)
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
-    learner_threads: int = 0  # learner torch threads; 0: auto (speed.default_learner_threads)
+    learner_threads: int = 0  # learner torch threads; 0: auto (speed.learner_threads)
     precision: str = "auto"  # auto | fp32 | bf16 (autocast forward passes); auto: measured here
     # auto: seconds of a real run for each candidate the timings cannot tell apart (0: none);
     # once per machine and workload, cached. Default from IMPALA_GPU_AUTO_TRIAL_S, else 8.

@@ -7,13 +7,13 @@ import math
 
 import torch
 
-from impala_gpu.calibration import AUTO, check_values
-from impala_gpu.config import Config, fresh_batch_size
+from impala_gpu.config import AUTO, Config, auto_keys, fresh_batch_size
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
 from impala_gpu.reporting.logger import WANDB_MODES
 from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
+from impala_gpu.speed import PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -41,7 +41,22 @@ def resolve_device(device: str) -> torch.device:
     return torch.device("cpu")
 
 
-ALGO_NAMES = ("impala", "impala_nocorrection", "a2c", "a3c")  # cli.algo_registry's keys
+ALGO_NAMES = ("impala", "impala_nocorrection", "a2c", "a3c")  # algos.registry's names
+
+
+def check_values(cfg: Config) -> None:
+    """``auto`` or a valid value for each of ``AUTO_KEYS``, else a ConfigError naming the fix."""
+    if cfg.precision != AUTO and cfg.precision not in PRECISIONS:
+        raise ConfigError(
+            f"precision={cfg.precision!r} is not one of {(AUTO, *PRECISIONS)}. Fix: "
+            "precision=auto (measured here), fp32 or bf16."
+        )
+    for key in ("num_actors", "envs_per_actor"):
+        v = getattr(cfg, key)
+        if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(
+                f"{key}={v!r} must be a positive integer or auto. Fix: {key}=auto or {key}=2."
+            )
 
 
 def _count(v: int | str) -> int:
@@ -247,13 +262,14 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
     follows the calibration.
     """
     check_values(cfg)
-    if not allow_auto:
-        for key in ("precision", "num_actors", "envs_per_actor"):
-            _require(
-                getattr(cfg, key) != AUTO,
-                f"{key}=auto reached the runtime unresolved. Fix: pass the config through "
-                "impala_gpu.calibration.resolve_auto first.",
-            )
+    unresolved = auto_keys(cfg)
+    if unresolved and not allow_auto:
+        raise ConfigError(
+            f"{unresolved[0]}=auto reached the runtime unresolved. Fix: set "
+            f"{' '.join(f'{k}=...' for k in unresolved)} by hand, or resolve auto first, as the "
+            "CLI does: impala_gpu.calibration.resolve_auto(cfg, algorithm(cfg.algo.name)) "
+            "(algorithm: impala_gpu.algos.registry)."
+        )
     _require(
         cfg.algo.name in ALGO_NAMES,
         f"algo.name={cfg.algo.name!r} is not one of {ALGO_NAMES}. Fix: algo=impala (or "

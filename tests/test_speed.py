@@ -87,6 +87,15 @@ def test_unknown_precision_is_a_config_error():
         validate_config(Config(env=EnvCfg(id="CartPole-v1"), precision="fp16"))
 
 
+def test_learner_threads_one_rule_for_the_run_its_ranks_and_auto():
+    assert speed.learner_threads("cpu", "fp32", 8, 2) == 8  # fp32 on CPU: every core
+    assert speed.learner_threads("cpu", "bf16", 8, 2) == 6  # bf16 leaves the actors theirs
+    assert speed.learner_threads("cuda", "fp32", 8, 2) == 2
+    assert speed.learner_threads("cpu", "fp32", 8, 2, fixed=3) == 3  # the config's wins
+    assert speed.learner_threads("cpu", "fp32", 8, 2, ranks=4) == 2  # shared among ranks
+    assert speed.learner_threads("cpu", "bf16", 2, 2, ranks=2) == 1  # at least one each
+
+
 # ------------------------------------------------------------------------------- tcmalloc
 def fake_exec(calls):
     def execve(path, argv, env):

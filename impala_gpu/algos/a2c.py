@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_gpu.algos import impala
-from impala_gpu.calibration import apply_auto
-from impala_gpu.config import Config, save_config
+from impala_gpu.config import Config, auto_keys
 
 
 def synchronous_config(cfg: Config) -> Config:
@@ -38,6 +37,9 @@ def synchronous_config(cfg: Config) -> Config:
 
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = synchronous_config(apply_auto(cfg, run_dir))
-    save_config(cfg, run_dir)  # record what actually ran
+    """Train with A2C: IMPALA's ``train`` on ``synchronous_config(cfg)``."""
+    # With auto unresolved, impala.train names the fix (or, on a torchrun rank > 0, takes
+    # rank 0's config, resolved and synchronous already).
+    if not auto_keys(cfg):
+        cfg = synchronous_config(cfg)
     return impala.train(cfg, run_dir, sweep)

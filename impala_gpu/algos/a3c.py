@@ -37,7 +37,6 @@ from torch import Tensor, nn
 from impala_gpu.acting.pool import describe_exit, stop_processes
 from impala_gpu.acting.rollout import EnvStepper, acting_process, parent_alive, sample_action
 from impala_gpu.algos.impala import save_weights, solved, warn_health
-from impala_gpu.calibration import apply_auto
 from impala_gpu.channels.ring import numpy_to_torch_dtype
 from impala_gpu.config import AlgoCfg, Config, to_container
 from impala_gpu.envs import EnvSpec, derive_seeds, env_spec
@@ -99,7 +98,6 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             f"device={cfg.device}, but A3C is Hogwild on CPU: every worker updates one shared "
             "CPU model without a lock. Fix: device=cpu (or auto)."
         )
-    cfg = apply_auto(cfg, run_dir)
     validate_config(cfg)
     spec = env_spec(cfg.env)
     torch.manual_seed(cfg.seed)

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from impala_gpu.acting.actor import IDLE_NS, STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool
-from impala_gpu.calibration import apply_auto, measured_alternatives
+from impala_gpu.calibration import measured_alternatives
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
 from impala_gpu.config import Config, fresh_batch_size, to_container
@@ -53,7 +53,7 @@ from impala_gpu.reporting.progress import Progress
 from impala_gpu.reporting.summary import print_summary
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.reporting.tuning import diagnose
-from impala_gpu.speed import allocator, default_learner_threads
+from impala_gpu.speed import allocator, learner_threads
 from impala_gpu.validate import ConfigError, resolve_device, resolve_num_slots, validate_config
 
 
@@ -64,7 +64,6 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     if rdv is not None and not rdv.leader:
         distributed.follower_main(rdv, cfg)  # a torchrun rank > 0: trains on its shares only
         return {}
-    cfg = apply_auto(cfg, run_dir)
     validate_config(cfg)
     device = resolve_device(cfg.device)
     if rdv is not None:
@@ -72,10 +71,14 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     spec = env_spec(cfg.env)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
-    threads = cfg.learner_threads or default_learner_threads(
-        device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
+    threads = learner_threads(
+        device.type,
+        cfg.precision,
+        os.cpu_count() or 1,
+        cfg.num_actors,
+        cfg.learner_threads,
+        rdv.world if rdv else 1,
     )
-    threads = max(1, threads // (rdv.world if rdv else 1))
     torch.set_num_threads(threads)
     learner = build_learner(cfg, spec, device)
     tele = Telemetry(STAT_NAMES + tuple(learner.grad_names), device.type == "cuda")

@@ -265,7 +265,7 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
 
     from impala_gpu.envs import env_spec
     from impala_gpu.learning.learner import build_learner, sgd_steps
-    from impala_gpu.speed import default_learner_threads
+    from impala_gpu.speed import learner_threads
     from impala_gpu.validate import resolve_device
 
     if spawned:
@@ -278,10 +278,12 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
         dist.broadcast_object_list(box, src=0)
         cfg = box[0]
         spec = env_spec(cfg.env)
-        threads = cfg.learner_threads or default_learner_threads(
-            device.type, cfg.precision, os.cpu_count() or 1, cfg.num_actors
+        cores = os.cpu_count() or 1
+        torch.set_num_threads(
+            learner_threads(
+                device.type, cfg.precision, cores, cfg.num_actors, cfg.learner_threads, rdv.world
+            )
         )
-        torch.set_num_threads(max(1, threads // rdv.world))
         torch.manual_seed(cfg.seed)
         learner = build_learner(cfg, spec, device)
         model = wrap(learner.model, device)
