@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median, write_result  # noqa: E402
 
-from impala_gpu.acting.actor import STEPS, ActorHandles, actor_main  # noqa: E402
+from impala_gpu.acting.actor import ACTOR_STEPS, ActorHandles, actor_main  # noqa: E402
 from impala_gpu.channels.params import ParamStore  # noqa: E402
 from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
 from impala_gpu.config import Config, EnvCfg, ModelCfg  # noqa: E402
@@ -101,7 +101,7 @@ def run_actors(ctx, cfg: Config, seconds: float, warmup: float) -> float:
     try:
         for p in procs:
             p.start()
-        steps = handles.counters[:, STEPS]
+        steps = handles.counters[:, ACTOR_STEPS]
         deadline = time.perf_counter() + 180
         while int(steps.sum()) == 0 and time.perf_counter() < deadline:  # process start-up
             time.sleep(0.1)
@@ -109,8 +109,8 @@ def run_actors(ctx, cfg: Config, seconds: float, warmup: float) -> float:
         s0, t0 = int(steps.sum()), time.perf_counter()
         time.sleep(seconds)
         rate = (int(steps.sum()) - s0) / (time.perf_counter() - t0)
-        while not handles.episodes.empty():  # an actor that failed says why
-            kind, actor, payload = handles.episodes.get()
+        while not handles.messages.empty():  # an actor that failed says why
+            kind, actor, payload = handles.messages.get()
             if kind == "error":
                 raise RuntimeError(f"actor {actor} failed:\n{payload}")
         return rate
@@ -122,7 +122,7 @@ def run_actors(ctx, cfg: Config, seconds: float, warmup: float) -> float:
                 p.kill()
         drain_stop.set()
         drainer.join()
-        handles.episodes.cancel_join_thread()
+        handles.messages.cancel_join_thread()
         ring.close()
 
 

@@ -26,9 +26,10 @@ from impala_gpu.config import Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.models import build_model
 
-# Columns of the shared per-actor counters tensor [num_actors, NUM_COUNTERS].
-STEPS, IDLE_NS, UNROLLS, HEARTBEAT_NS = range(4)
-NUM_COUNTERS = 4
+# Columns of the shared per-actor counters tensor [num_actors, NUM_ACTOR_COUNTERS] (A3C's
+# workers keep their own layout, ``algos.a3c.WORKER_*``).
+ACTOR_STEPS, ACTOR_IDLE_NS, ACTOR_UNROLLS, ACTOR_HEARTBEAT_NS = range(4)
+NUM_ACTOR_COUNTERS = 4
 
 
 @dataclass
@@ -37,8 +38,8 @@ class ActorHandles:
 
     ring: TrajectoryRing
     params: ParamStore
-    counters: Tensor  # [num_actors, NUM_COUNTERS] int64, shared
-    episodes: object  # mp.Queue of ("episodes", actor, [(return, length)]) | ("error", actor, tb)
+    counters: Tensor  # [num_actors, NUM_ACTOR_COUNTERS] int64, shared
+    messages: object  # mp.Queue of ("episodes", actor, [(return, length)]) | ("error", actor, tb)
     stop: object  # mp.Event
     start_version: int = 0  # the learner's version when these actors started (resume)
 
@@ -46,7 +47,7 @@ class ActorHandles:
     def create(
         cls, ctx, ring: TrajectoryRing, params: ParamStore, num_actors: int, start_version: int = 0
     ) -> ActorHandles:
-        counters = torch.zeros(num_actors, NUM_COUNTERS, dtype=torch.int64).share_memory_()
+        counters = torch.zeros(num_actors, NUM_ACTOR_COUNTERS, dtype=torch.int64).share_memory_()
         return cls(ring, params, counters, ctx.Queue(), ctx.Event(), start_version)
 
 
@@ -63,7 +64,7 @@ def bounded_lag_version(global_unroll: int, envs_per_actor: int, batch_size: int
 
 def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles, seed: int) -> None:
     """Process entry point. Returns when ``handles.stop`` is set or the learner goes away."""
-    handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    handles.counters[actor_id, ACTOR_HEARTBEAT_NS] = time.time_ns()
     try:
         with acting_process(cfg, seed) as env:
             _run(
@@ -77,7 +78,7 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
             )
     except Exception:
         # Tell the learner why, then die: it logs the cause and starts a replacement.
-        handles.episodes.put(("error", actor_id, traceback.format_exc()))
+        handles.messages.put(("error", actor_id, traceback.format_exc()))
         time.sleep(0.2)  # let the queue's feeder thread flush before the process exits
         raise
 
@@ -85,7 +86,7 @@ def actor_main(actor_id: int, cfg: Config, spec: EnvSpec, handles: ActorHandles,
 def _should_stop(handles: ActorHandles, actor_id: int) -> bool:
     """Polled wherever the actor loops or waits; so it also beats the heartbeat (waiting for a
     slot or a version is not hanging)."""
-    handles.counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    handles.counters[actor_id, ACTOR_HEARTBEAT_NS] = time.time_ns()
     return handles.stop.is_set() or not parent_alive()
 
 
@@ -153,17 +154,17 @@ def _acquire_slots(ring: TrajectoryRing, counters: Tensor, actor_id: int, n: int
             items.append(item)
         elif should_stop():
             return None
-    counters[actor_id, IDLE_NS] += time.perf_counter_ns() - t_idle
+    counters[actor_id, ACTOR_IDLE_NS] += time.perf_counter_ns() - t_idle
     return items
 
 
 def _report(handles: ActorHandles, actor_id: int, steps: int, game_overs: list) -> None:
     counters = handles.counters
-    counters[actor_id, STEPS] += steps
-    counters[actor_id, UNROLLS] += 1
-    counters[actor_id, HEARTBEAT_NS] = time.time_ns()
+    counters[actor_id, ACTOR_STEPS] += steps
+    counters[actor_id, ACTOR_UNROLLS] += 1
+    counters[actor_id, ACTOR_HEARTBEAT_NS] = time.time_ns()
     if game_overs:
         try:
-            handles.episodes.put_nowait(("episodes", actor_id, game_overs))
+            handles.messages.put_nowait(("episodes", actor_id, game_overs))
         except queue.Full:
             pass

@@ -12,16 +12,49 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
-from impala_gpu.acting.actor import HEARTBEAT_NS, UNROLLS, ActorHandles, actor_main
+from impala_gpu.acting.actor import ACTOR_HEARTBEAT_NS, ACTOR_UNROLLS, ActorHandles, actor_main
 from impala_gpu.channels.ring import SlotManager
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds
 from impala_gpu.reporting.telemetry import Telemetry
 
 STARTUP_GRACE_S = 120.0  # the least silence that counts as hung before an actor's first beat
+
+
+class Pool(Protocol):
+    """What the learner's data path needs of an actor pool: ``ActorPool`` (local processes) or
+    ``ray_pool.RayActorPool`` (``runtime=ray``)."""
+
+    restarts: int  # actors replaced so far
+    unrolls_dropped: int  # unrolls lost with replaced actors (a local pool reclaims its slots)
+
+    def start(self) -> None: ...
+
+    def check(self, min_interval_s: float = 0.25) -> None:
+        """Replace dead or hung actors; cheap enough to call every loop turn."""
+
+    def drain(self) -> None:
+        """Hand the actors' finished episodes to telemetry."""
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Stop every actor (after ``handles.stop``) and collect its last messages."""
+
+
+@dataclass
+class PoolSetup:
+    """What either pool is given by the learner."""
+
+    cfg: Config
+    spec: EnvSpec
+    handles: ActorHandles
+    slots: SlotManager
+    seed_salt: int  # the run's resume count: a resumed run's actors must not replay the first's
+    tele: Telemetry  # receives the episodes
+    on_event: Callable[[dict], None]  # logs an event line (actor ready, replaced)
 
 
 def stop_processes(
@@ -77,20 +110,12 @@ def replacement_seed(cfg: Config, seed_salt: int, restarts: int) -> int:
 
 
 class ActorPool:
-    def __init__(
-        self,
-        ctx,
-        cfg: Config,
-        spec: EnvSpec,
-        handles: ActorHandles,
-        slots: SlotManager,
-        seed_salt: int,
-        tele: Telemetry,
-        on_event,  # (dict) -> None: logs an event line
-    ):
-        self.ctx, self.cfg, self.spec, self.handles, self.slots = ctx, cfg, spec, handles, slots
-        self.tele, self.on_event = tele, on_event
-        self.seed_salt = seed_salt
+    """The actors as local processes (``Pool``)."""
+
+    def __init__(self, ctx, setup: PoolSetup):
+        self.ctx, cfg = ctx, setup.cfg
+        self.cfg, self.spec, self.handles, self.slots = cfg, setup.spec, setup.handles, setup.slots
+        self.tele, self.on_event, self.seed_salt = setup.tele, setup.on_event, setup.seed_salt
         self.procs: list[Any] = [None] * cfg.num_actors
         self.spawned_ns = [0] * cfg.num_actors
         self.restarts = 0
@@ -105,7 +130,7 @@ class ActorPool:
             self._spawn(i, seed)
 
     def _spawn(self, i: int, seed: int) -> None:
-        self.handles.counters[i, HEARTBEAT_NS] = 0  # 0: not started; actor_main beats first
+        self.handles.counters[i, ACTOR_HEARTBEAT_NS] = 0  # 0: not started; actor_main beats first
         self.spawned_ns[i] = time.time_ns()
         p = self.ctx.Process(
             target=actor_main,
@@ -116,13 +141,13 @@ class ActorPool:
         p.start()
         self.procs[i] = p
         # Its first unroll logs actor_ready (and how long the start-up took).
-        self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, UNROLLS]))
+        self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, ACTOR_UNROLLS]))
 
     def drain(self) -> None:
         """Route actor messages: episode stats to telemetry, errors kept as causes of death."""
         while True:
             try:
-                kind, actor, payload = self.handles.episodes.get_nowait()
+                kind, actor, payload = self.handles.messages.get_nowait()
             except queue.Empty:
                 return
             if kind == "episodes":
@@ -140,7 +165,7 @@ class ActorPool:
         for i, p in enumerate(self.procs):
             if (
                 i in self.pending_ready
-                and int(self.handles.counters[i, UNROLLS]) > self.pending_ready[i][1]
+                and int(self.handles.counters[i, ACTOR_UNROLLS]) > self.pending_ready[i][1]
             ):
                 spawned, _ = self.pending_ready.pop(i)
                 self.on_event({"event": "actor_ready", "actor": i, "since_spawn_s": now - spawned})
@@ -160,7 +185,7 @@ class ActorPool:
         """Seconds actor ``i`` has been silent, and the silence that means it hangs. Before its
         first beat the process is still spawning and importing (seconds on a busy box), so it
         gets STARTUP_GRACE_S at least: a short ``actor_timeout_s`` can't crash-loop it."""
-        beat_ns = int(self.handles.counters[i, HEARTBEAT_NS])
+        beat_ns = int(self.handles.counters[i, ACTOR_HEARTBEAT_NS])
         if beat_ns > 0:
             return (wall_ns - beat_ns) / 1e9, self.cfg.actor_timeout_s
         silent_s = (wall_ns - self.spawned_ns[i]) / 1e9

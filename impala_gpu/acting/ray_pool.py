@@ -30,15 +30,19 @@ from typing import Any
 
 import torch
 
-from impala_gpu.acting.actor import HEARTBEAT_NS, IDLE_NS, STEPS, UNROLLS, ActorHandles
-from impala_gpu.acting.pool import STARTUP_GRACE_S, check_restart_budget, replacement_seed
+from impala_gpu.acting.actor import ACTOR_HEARTBEAT_NS, ACTOR_IDLE_NS, ACTOR_STEPS, ACTOR_UNROLLS
+from impala_gpu.acting.pool import (
+    STARTUP_GRACE_S,
+    PoolSetup,
+    check_restart_budget,
+    replacement_seed,
+)
 from impala_gpu.acting.rollout import EnvStepper, record_unroll, sample_action, stamp_unroll
 from impala_gpu.channels.params import flat_parameters, load_flat_into
-from impala_gpu.channels.ring import RingSpec, SlotManager, ring_spec
+from impala_gpu.channels.ring import RingSpec, ring_spec
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env
 from impala_gpu.models import build_model
-from impala_gpu.reporting.telemetry import Telemetry
 
 
 def unroll_spec(cfg: Config, spec: EnvSpec) -> RingSpec:
@@ -142,8 +146,9 @@ def _probe(address: str, timeout_s: float = 10.0) -> None:
 
 
 @dataclass
-class _Slot:
-    """One of the pool's actor positions: the Ray actor holding it now and its requests."""
+class ActorSeat:
+    """One of the pool's ``num_actors`` positions (actor id ``i``): the Ray actor that holds it
+    now and that actor's requests. A replacement takes over the seat (and its ring queues)."""
 
     handle: Any = None
     generation: int = 0  # bumped on every replacement: the old actor's results are dropped
@@ -154,24 +159,13 @@ class _Slot:
 
 
 class RayActorPool:
-    """The acting interface of ``ActorPool`` (``start``, ``check``, ``drain``, ``join``,
-    ``restarts``, ``unrolls_dropped``), with Ray actors feeding the learner's local ring."""
+    """The actors as Ray actors feeding the learner's local ring (``pool.Pool``)."""
 
-    def __init__(
-        self,
-        ctx,
-        cfg: Config,
-        spec: EnvSpec,
-        handles: ActorHandles,
-        slots: SlotManager,
-        seed_salt: int,
-        tele: Telemetry,
-        on_event,  # (dict) -> None: logs an event line
-    ):
-        del ctx  # local processes only
-        self.cfg, self.spec, self.handles, self.slots = cfg, spec, handles, slots
-        self.tele, self.on_event, self.seed_salt = tele, on_event, seed_salt
-        self.actors = [_Slot() for _ in range(cfg.num_actors)]
+    def __init__(self, setup: PoolSetup):
+        cfg, handles = setup.cfg, setup.handles
+        self.cfg, self.spec, self.handles, self.slots = cfg, setup.spec, handles, setup.slots
+        self.tele, self.on_event, self.seed_salt = setup.tele, setup.on_event, setup.seed_salt
+        self.actors = [ActorSeat() for _ in range(cfg.num_actors)]
         self.lock = threading.Lock()
         self.restarts = 0
         self.unrolls_dropped = 0
@@ -200,12 +194,12 @@ class RayActorPool:
         self.feeder.start()
 
     def _spawn(self, i: int, seed: int) -> None:
-        slot = self.actors[i]
-        slot.handle = self.remote_cls.options(scheduling_strategy="SPREAD").remote(
+        seat = self.actors[i]
+        seat.handle = self.remote_cls.options(scheduling_strategy="SPREAD").remote(
             self.cfg, self.spec, i, seed
         )
-        slot.spawned, slot.ready, slot.node_ip = time.monotonic(), False, ""
-        self.handles.counters[i, HEARTBEAT_NS] = 0
+        seat.spawned, seat.ready, seat.node_ip = time.monotonic(), False, ""
+        self.handles.counters[i, ACTOR_HEARTBEAT_NS] = 0
 
     def join(self, timeout: float = 10.0) -> None:
         """Stop the feeder and every actor; leave Ray (shutting it down if we started it)."""
@@ -216,10 +210,10 @@ class RayActorPool:
             self.feeder.join(timeout=timeout)
         if not ray.is_initialized():
             return
-        for slot in self.actors:
-            if slot.handle is not None:
-                ray.kill(slot.handle, no_restart=True)
-                slot.handle = None
+        for seat in self.actors:
+            if seat.handle is not None:
+                ray.kill(seat.handle, no_restart=True)
+                seat.handle = None
         if self.owns_ray:
             ray.shutdown()
             self.owns_ray = False
@@ -252,18 +246,18 @@ class RayActorPool:
                 break
             if generation == self.actors[i].generation:
                 self._replace(i, cause)
-        for i, slot in enumerate(self.actors):
-            silent_s, timeout_s = self._silence(slot, now)
+        for i, seat in enumerate(self.actors):
+            silent_s, timeout_s = self._silence(seat, now)
             if silent_s > timeout_s:
                 self._replace(i, f"no unroll for {silent_s:.0f} s (hung or unreachable); killed")
 
-    def _silence(self, slot: _Slot, now: float) -> tuple[float, float]:
+    def _silence(self, seat: ActorSeat, now: float) -> tuple[float, float]:
         """How long the actor's oldest request has waited, and the wait that means it hangs."""
         with self.lock:
-            oldest = min(slot.inflight.values(), default=now)
-        if slot.ready:
+            oldest = min(seat.inflight.values(), default=now)
+        if seat.ready:
             return now - oldest, self.cfg.actor_timeout_s
-        return now - slot.spawned, max(self.cfg.actor_timeout_s, STARTUP_GRACE_S)
+        return now - seat.spawned, max(self.cfg.actor_timeout_s, STARTUP_GRACE_S)
 
     def _replace(self, i: int, cause: str) -> None:
         import ray
@@ -271,12 +265,12 @@ class RayActorPool:
         t0 = time.monotonic()
         self.restarts += 1
         check_restart_budget(self.cfg, i, cause, self.restarts)
-        slot = self.actors[i]
-        old = slot.handle
+        seat = self.actors[i]
+        old = seat.handle
         with self.lock:
-            dropped = len(slot.inflight)
-            slot.inflight.clear()
-            slot.generation += 1
+            dropped = len(seat.inflight)
+            seat.inflight.clear()
+            seat.generation += 1
             self.unrolls_dropped += dropped
             self._spawn(i, replacement_seed(self.cfg, self.seed_salt, self.restarts))
         ray.kill(old, no_restart=True)
@@ -303,9 +297,9 @@ class RayActorPool:
             self._submit()
             with self.lock:
                 owners = {
-                    ref: (i, slot.generation)
-                    for i, slot in enumerate(self.actors)
-                    for ref in slot.inflight
+                    ref: (i, seat.generation)
+                    for i, seat in enumerate(self.actors)
+                    for ref in seat.inflight
                 }
             if not owners:
                 time.sleep(0.05)
@@ -340,10 +334,10 @@ class RayActorPool:
             return
         version, ref = self.weights
         with self.lock:
-            for slot in self.actors:
-                while len(slot.inflight) < self.cfg.ray.inflight_per_actor:
+            for seat in self.actors:
+                while len(seat.inflight) < self.cfg.ray.inflight_per_actor:
                     # The reference inside a list: Ray passes it as is, not the weights.
-                    slot.inflight[slot.handle.unroll.remote([ref], version)] = time.monotonic()
+                    seat.inflight[seat.handle.unroll.remote([ref], version)] = time.monotonic()
 
     def _land(self, i: int, generation: int, arrays, games, idle_ns: int, node_ip: str) -> None:
         """Copy one unroll into ring slots held as actor ``i`` and hand them to the learner."""
@@ -361,22 +355,22 @@ class RayActorPool:
             ring.fields[name].numpy()[idx] = value  # Ray's arrays are read-only views
         for item in items:
             ring.commit(i, item)
-        counters[i, IDLE_NS] += idle_ns + time.perf_counter_ns() - wait_start
-        counters[i, STEPS] += self.cfg.unroll_length * E
-        counters[i, UNROLLS] += 1
-        counters[i, HEARTBEAT_NS] = time.time_ns()
+        counters[i, ACTOR_IDLE_NS] += idle_ns + time.perf_counter_ns() - wait_start
+        counters[i, ACTOR_STEPS] += self.cfg.unroll_length * E
+        counters[i, ACTOR_UNROLLS] += 1
+        counters[i, ACTOR_HEARTBEAT_NS] = time.time_ns()
         if games:
             self.games.put(games)
-        slot = self.actors[i]
-        if not slot.ready and generation == slot.generation:
-            slot.ready, slot.node_ip = True, node_ip
+        seat = self.actors[i]
+        if not seat.ready and generation == seat.generation:
+            seat.ready, seat.node_ip = True, node_ip
             self.notices.put(
                 {
                     "event": "actor_ready",
                     "actor": i,
                     "node": node_ip,
                     "runtime": "ray",
-                    "since_spawn_s": time.monotonic() - slot.spawned,
+                    "since_spawn_s": time.monotonic() - seat.spawned,
                 }
             )
 

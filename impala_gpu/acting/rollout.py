@@ -1,4 +1,5 @@
-"""Env stepping and action sampling, shared by IMPALA's actors and A3C's workers."""
+"""Env stepping, action sampling and recording an unroll, shared by IMPALA's actors (local and
+Ray) and A3C's workers."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def record_unroll(
 ) -> tuple[CoreState, list[tuple[float, int]]]:
     """Act and step ``T`` times from the envs' current observation, writing step ``t`` of env
     ``e`` into ``fields[name][idx[e], t]`` (the ring's layout, ``channels/ring.py``; ``idx`` is
-    ring slots, or ``slice(None)`` for a buffer of its own ``[E, T+1, ...]``). ``act(core)``
+    ring slots, or ``slice(None)`` for a buffer of its own ``[E, T+1, ...]``, which may be the
+    transposed view of a time-major one, as A3C's rollout passes). ``act(core)``
     returns (actions [E], logits [E, A], next core). Returns the core state before o_T (the
     next unroll's starting state) and the games that ended.
 

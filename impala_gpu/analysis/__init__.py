@@ -15,6 +15,7 @@ Typical use (what the notebooks in ``notebooks/`` do)::
     print(conclusion(table))
 """
 
+from impala_gpu.analysis.conclusions import CORRECTION_LABELS, conclusion, group_label
 from impala_gpu.analysis.runs import (
     CONFIG_FILE,
     ERROR_FILE,
@@ -48,11 +49,8 @@ from impala_gpu.analysis.study import (
     study_table,
 )
 from impala_gpu.analysis.summaries import (
-    CORRECTION_LABELS,
-    conclusion,
     curves,
     frames_to_threshold,
-    group_label,
     lag_histograms,
     lag_summary,
     seconds_to_threshold,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from impala_gpu.analysis.summaries import CORRECTION_LABELS
+from impala_gpu.analysis.conclusions import CORRECTION_LABELS
 
 STUDY_KEYS = ("correction", "bounded_lag", "replay")
 COLLAPSE_DROP = 0.5  # a seed collapses when it falls back this much of its gain, peak to final

@@ -204,13 +204,23 @@ def mean_over_ranks(stats: Tensor) -> Tensor:
 class DataParallel:
     """Rank 0's side of ``learners=N``: the DDP-wrapped model, the scatter, the other ranks."""
 
-    def __init__(self, rdv: Rendezvous, cfg: Config, spec, learner, device: torch.device):
+    def __init__(
+        self,
+        rdv: Rendezvous,
+        cfg: Config,
+        spec,
+        device: torch.device,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+    ):
+        """Start the other ranks and hand them rank 0's weights and optimizer state."""
         self.rdv, self.device = rdv, device
         self.followers = spawn_followers(rdv, cfg) if rdv.init_method != "env://" else []
         join_group(rdv, device, cfg.learner_timeout_s)
         dist.broadcast_object_list([cfg], src=0)  # the resolved config (auto) for every rank
-        self.model = wrap(learner.model, device)
-        sync_optimizer_state(learner.optimizer, learner.scheduler, device)
+        self.model = wrap(model, device)
+        sync_optimizer_state(optimizer, scheduler, device)
         self.scatter = BatchScatter(share_shapes(cfg, spec, rdv.world), rdv.world, device)
         self.reduction = cfg.algo.reduction
         self.closed = False

@@ -4,10 +4,10 @@ optimizers and the learning-rate schedule. Batches come from ``learning.batcher`
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -258,20 +258,17 @@ class NonfiniteGuard:
         )
 
 
-@dataclass
-class LearnerState:
-    """Counters the learner carries between updates, log lines and checkpoints."""
+class Parallel(Protocol):
+    """What the train step uses of ``learning.distributed.DataParallel`` (learners > 1, rank 0).
+    A protocol, not an import: ``distributed`` builds its ranks' learners from this module."""
 
-    start: float = field(default_factory=time.perf_counter)
-    version: int = 0  # updates applied: the version of the weights
-    frames: int = 0
-    resumes: int = 0
-    actor_steps: int = 0
-    actor_idle_ns: np.ndarray | None = None
-    logs: int = 0  # metric lines written by this process
-    run_start: float = 0.0  # when this process's train loop started
-    hinted: bool = False
-    health: dict[str, float] = field(default_factory=dict)  # last network-health measurement
+    model: nn.Module  # the DDP-wrapped model
+
+    def share(self, batch: Batch) -> tuple[Batch, float]:
+        """Hand every rank its share of ``batch``; returns this rank's and its loss scale."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -284,11 +281,28 @@ class Learner:
     grad_names: list[str]  # named layers whose gradient norms are reported (health)
     grad_groups: list | None  # their parameters (health.grad_groups), or None when health is off
     nonfinite: NonfiniteGuard
-    state: LearnerState
-    parallel: Any = None  # learning.distributed.DataParallel when learners > 1 (rank 0)
+    parallel: Parallel | None = None  # learners > 1 (rank 0): DDP and the batch scatter
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The learner's part of a checkpoint (``build_learner``'s ``restore`` loads it back)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
 
 
-def build_learner(cfg: Config, spec: EnvSpec, device: torch.device) -> Learner:
+def build_learner(
+    cfg: Config,
+    spec: EnvSpec,
+    device: torch.device,
+    restore: Callable[..., None] | None = None,
+    data_parallel: Callable[..., Parallel] | None = None,
+) -> Learner:
+    """The model, optimizer, LR schedule and non-finite guard. A resumed run's
+    ``restore(model, optimizer=, scheduler=)`` (``reporting.run.Resume.load``) loads them from
+    its checkpoint before ``data_parallel(model, optimizer, scheduler)`` (learners > 1) hands
+    them to the other ranks, so every rank starts from the checkpoint."""
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)
     compile_model(model, cfg.compile)
@@ -296,4 +310,7 @@ def build_learner(cfg: Config, spec: EnvSpec, device: torch.device) -> Learner:
     scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
     grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
     guard = NonfiniteGuard(cfg.max_nonfinite_updates)
-    return Learner(model, optimizer, scheduler, grad_names, grad_groups, guard, LearnerState())
+    if restore is not None:
+        restore(model, optimizer=optimizer, scheduler=scheduler)
+    parallel = data_parallel(model, optimizer, scheduler) if data_parallel is not None else None
+    return Learner(model, optimizer, scheduler, grad_names, grad_groups, guard, parallel)

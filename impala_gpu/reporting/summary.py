@@ -1,8 +1,8 @@
 """The end of a run on the console: what it reached and where its files and curves are.
 
-IMPALA/A2C (``algos/impala.py``) and A3C (``algos/a3c.py``) both call ``print_summary`` after
-the final checkpoint is saved, on a normal end and on Ctrl-C/SIGTERM alike, so a user always
-learns where the weights went and how to look at the run.
+Every algorithm calls ``print_summary`` (through ``reporting.run.Run.end``) after the final
+checkpoint is saved, on a normal end and on Ctrl-C/SIGTERM alike, so a user always learns where
+the weights went and how to look at the run.
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ class Telemetry:
         self.episode_lengths: collections.deque[int] = collections.deque(maxlen=100)
         self.episodes = 0
         self.lag_counts = np.zeros(1, dtype=np.int64)  # whole-run histogram, bin k = lag k
+        # The latest network-health measurement (``health.measure``): each metrics line
+        # carries the newest one, so a line logged between measurements repeats it.
+        self.health: dict[str, float] = {}
 
     def add_update(
         self,

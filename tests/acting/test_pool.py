@@ -188,7 +188,7 @@ def test_an_exception_in_the_env_reaches_the_learner_as_the_cause():
     import torch
     import torch.multiprocessing as mp
 
-    from impala_gpu.acting.actor import NUM_COUNTERS, ActorHandles, actor_main
+    from impala_gpu.acting.actor import NUM_ACTOR_COUNTERS, ActorHandles, actor_main
     from impala_gpu.channels.params import ParamStore
     from impala_gpu.channels.ring import RingSpec, TrajectoryRing
     from impala_gpu.config import Config, EnvCfg
@@ -201,8 +201,8 @@ def test_an_exception_in_the_env_reaches_the_learner_as_the_cause():
     handles = ActorHandles(
         ring=ring,
         params=ParamStore(8),
-        episodes=ctx.Queue(),
-        counters=torch.zeros(1, NUM_COUNTERS, dtype=torch.int64),
+        messages=ctx.Queue(),
+        counters=torch.zeros(1, NUM_ACTOR_COUNTERS, dtype=torch.int64),
         stop=ctx.Event(),
     )
     broken = Config(
@@ -215,5 +215,5 @@ def test_an_exception_in_the_env_reaches_the_learner_as_the_cause():
     finally:
         signal.signal(signal.SIGINT, previous)
         ring.close()
-    kind, actor, text = handles.episodes.get(timeout=5)
+    kind, actor, text = handles.messages.get(timeout=5)
     assert (kind, actor) == ("error", 0) and "vector_backend=ale" in text

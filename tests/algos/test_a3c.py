@@ -1,4 +1,5 @@
-"""A3C baseline: the rollout's data layout, the shared optimizer, and end-to-end Hogwild runs."""
+"""A3C baseline: the rollout's data layout, the workers, and end-to-end Hogwild runs (the shared
+optimizer itself: tests/learning/test_hogwild.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from impala_gpu.algos import a3c
 from impala_gpu.cli import CONF_DIR
 from impala_gpu.config import Config
 from impala_gpu.envs import env_spec, make_vector_env
-from impala_gpu.learning.learner import make_optimizer
+from impala_gpu.learning.hogwild import make_shared_optimizer
 from impala_gpu.models import build_model
 
 REPO = Path(CONF_DIR).parent
@@ -120,30 +121,6 @@ def test_rollout_is_on_policy_and_carries_over(use_lstm):
     assert ends and all(length > 0 and ret == length for ret, length in ends)
 
 
-@pytest.mark.parametrize("name", ["rmsprop", "adam"])
-def test_shared_optimizer_matches_torch_and_lives_in_shared_memory(name):
-    cfg = make_cfg(f"algo.optimizer={name}", "algo.rmsprop_momentum=0.9")
-    torch.manual_seed(0)
-    shared = build_model((4,), 2, cfg.model)
-    plain = copy.deepcopy(shared)
-    shared.share_memory()
-    opt_shared = a3c.make_shared_optimizer(shared, cfg.algo)
-    opt_plain = make_optimizer(plain, cfg.algo)
-    for state in opt_shared.state.values():
-        assert state and all(t.is_shared() for t in state.values())
-    for _ in range(3):
-        x = torch.randn(1, 5, 4)
-        for model, opt in ((shared, opt_shared), (plain, opt_plain)):
-            opt.zero_grad()
-            out = model(x, torch.zeros(1, 5, dtype=torch.bool))
-            (out.logits.square().sum() + out.value.sum()).backward()
-            opt.step()
-    for a, b in zip(shared.parameters(), plain.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    for p in shared.parameters():
-        assert opt_shared.state[p]["step"].item() == 3
-
-
 def test_cuda_and_a_foreign_checkpoint_are_rejected(monkeypatch, tmp_path):
     monkeypatch.setattr(a3c, "resolve_device", lambda _: torch.device("cuda"))
     with pytest.raises(ValueError, match="Hogwild on CPU.*device=cpu"):
@@ -158,24 +135,6 @@ def test_cuda_and_a_foreign_checkpoint_are_rejected(monkeypatch, tmp_path):
         a3c.train(make_cfg(f"resume={tmp_path}", "device=cpu"), tmp_path)
 
 
-def test_shared_optimizer_state_loads_in_place():
-    torch.manual_seed(0)
-    cfg = make_cfg()
-    spec = env_spec(cfg.env)
-    model = build_model(spec.obs_shape, spec.num_actions, cfg.model).share_memory()
-    optimizer = a3c.make_shared_optimizer(model, cfg.algo)
-    shared = {id(t) for st in optimizer.state.values() for t in st.values()}
-    saved = a3c._cloned(optimizer.state_dict())
-    for st in saved["state"].values():
-        for t in st.values():
-            t.add_(3.0)
-    a3c.load_shared_optimizer_state(optimizer, saved)
-    for st in optimizer.state.values():
-        for t in st.values():
-            assert id(t) in shared and t.is_shared()
-            assert torch.all(t == 3.0) if t.dim() == 0 else torch.all(t >= 3.0)
-
-
 # -- processes ------------------------------------------------------------------------------------
 
 
@@ -188,10 +147,10 @@ def test_workers_update_the_shared_optimizer_state(no_leaks):
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
     model.share_memory()
     before = copy.deepcopy(model.state_dict())
-    optimizer = a3c.make_shared_optimizer(model, cfg.algo)
+    optimizer = make_shared_optimizer(model, cfg.algo)
     ctx = mp.get_context("spawn")
     h = a3c.WorkerHandles(
-        counters=torch.zeros(2, a3c.NUM_COUNTERS, dtype=torch.int64).share_memory_(),
+        counters=torch.zeros(2, a3c.NUM_WORKER_COUNTERS, dtype=torch.int64).share_memory_(),
         reports=ctx.Queue(),
         stop=ctx.Event(),
     )
@@ -204,16 +163,16 @@ def test_workers_update_the_shared_optimizer_state(no_leaks):
         for p in workers:
             p.start()
         deadline = time.monotonic() + 60
-        while not all(h.counters[:, a3c.DONE]) and time.monotonic() < deadline:
+        while not all(h.counters[:, a3c.WORKER_DONE]) and time.monotonic() < deadline:
             a3c._drain(h.reports, reports.append, timeout=0.1)
     finally:
         a3c.stop_workers(workers, h, reports.append)
         h.reports.close()
     assert all(p.exitcode == 0 for p in workers)
-    updates = h.counters[:, a3c.UPDATES]
+    updates = h.counters[:, a3c.WORKER_UPDATES]
     assert (updates > 0).all(), updates  # both workers stepped
     assert len(reports) == int(updates.sum())
-    assert int(h.counters[:, a3c.STEPS].sum()) >= cfg.total_frames
+    assert int(h.counters[:, a3c.WORKER_STEPS].sum()) >= cfg.total_frames
     for p in model.parameters():
         state = optimizer.state[p]
         # Hogwild: concurrent "step += 1" may (rarely) lose an increment, never invent one.
