@@ -4,9 +4,9 @@ and which overrides would help on this machine.
 The learner's telemetry decides it. A learner that waits for batches is starved (actor-bound);
 one that is busy while actors sit idle, blocked on free ring slots, is the bottleneck
 (learner-bound). A precision or actor-count change is suggested only when ``auto``'s real
-trials on this machine (``impala_gpu/calibration.py``) ran it faster end to end: what was fast
-on one box was 2.8x slower on the next, and a micro-benchmark's prediction taken under load
-once claimed 30x.
+trials on this machine (``impala_gpu/calibration/trials.py``) ran it faster end to end: which
+precision and layout win differs from one CPU to the next, and a micro-benchmark's prediction
+is only as good as the quiet it was taken in (docs/performance.md has the figures).
 """
 
 from __future__ import annotations
