@@ -132,3 +132,30 @@ def test_impossible_sample_reuse_is_refused(algo: AlgoCfg, match: str) -> None:
     )
     with pytest.raises(ConfigError, match=match):
         validate_config(cfg)
+
+
+def test_input_stats_take_every_fourth_step_after_the_carried_one_of_fresh_trajectories() -> None:
+    from impala_gpu.models.normalize import ObsNormalizer
+
+    torch.manual_seed(0)
+    cfg = ModelCfg(name="shallow", hidden_size=8, normalize_input=True)
+    model = build_model((4, 84, 84), A, cfg)
+    T1, n = 10, 3  # obs [T+1, B]: steps 1, 5 and 9 count
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (T1, n, 4, 84, 84), generator=g, dtype=torch.uint8)
+    batch = Batch(
+        obs=obs,
+        reward=torch.zeros(T1, n),
+        terminated=torch.zeros(T1, n, dtype=torch.bool),
+        truncated=torch.zeros(T1, n, dtype=torch.bool),
+        first=torch.zeros(T1, n, dtype=torch.bool),
+        action=torch.zeros(T1, n, dtype=torch.int64),
+        logits=torch.zeros(T1, n, A),
+        replayed=torch.tensor([False, True, False]),
+    )
+    learner.update_input_stats(model, batch)
+    expected = ObsNormalizer((4, 84, 84))
+    expected.update(obs[[1, 5, 9]][:, [0, 2]])
+    assert model.obs_norm.count.item() == pytest.approx(expected.count.item())
+    torch.testing.assert_close(model.obs_norm.mean, expected.mean)
+    torch.testing.assert_close(model.obs_norm.var, expected.var)

@@ -307,3 +307,27 @@ def test_input_normaliser_matches_its_formula_and_running_moments():
     still = ObsNormalizer((2, 3, 3))
     still.update(constant)
     assert torch.all(still(constant).abs() < 0.01)  # a pixel that never changes says ~nothing
+
+
+@pytest.mark.parametrize("activation", ["relu", "elu"])
+@pytest.mark.parametrize("name", ["shallow", "minatar"])
+def test_in_place_activations_compute_what_out_of_place_ones_do(name, activation):
+    """The torsos' activations write over their input: outputs and gradients must be those of
+    the same net with out-of-place activations."""
+    obs_shape = ATARI_OBS if name == "shallow" else (4, 10, 10)
+    model = _model(name, obs_shape, ATARI_ACTIONS, False, activation=activation)
+    acts = [m for m in model.modules() if isinstance(m, nn.ReLU | nn.ELU)]
+    assert acts and all(m.inplace for m in acts)
+    plain = _model(name, obs_shape, ATARI_ACTIONS, False, activation=activation)
+    for m in plain.modules():
+        if isinstance(m, nn.ReLU | nn.ELU):
+            m.inplace = False
+    obs = _obs(obs_shape)
+    grads = []
+    for net in (model, plain):
+        out = net(obs, _no_first())
+        (out.logits.square().sum() + out.value.sum()).backward()
+        grads.append([p.grad.clone() for p in net.parameters() if p.requires_grad])
+    torch.testing.assert_close(model(obs, _no_first()).logits, plain(obs, _no_first()).logits)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
