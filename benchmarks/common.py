@@ -49,6 +49,13 @@ def write_result(name: str, result: dict[str, Any], out_dir: str | Path = "bench
     return path
 
 
+def rotated(names: list[str], round_: int) -> list[str]:
+    """``names`` in round ``round_``'s order: each round starts one later, so every variant
+    runs first, last and in between as the machine drifts."""
+    k = round_ % len(names)
+    return names[k:] + names[:k]
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 

@@ -61,7 +61,7 @@ from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
 from impala_gpu.learning.learner import make_optimizer, train_step  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed import compile_model, default_learner_threads  # noqa: E402
+from impala_gpu.speed import compile_model, learner_threads  # noqa: E402
 
 STAGES = ("synthetic", "ring", "e2e")
 # --smoke: every stage, tiny, for a CPU box (explicit flags still win).
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cores = os.cpu_count() or 1
     # The learner's threads as the train loop picks them (2 on CUDA; on CPU, all cores).
-    torch.set_num_threads(default_learner_threads(device.type, "fp32", cores, 0))
+    torch.set_num_threads(learner_threads(device.type, "fp32", cores, 0))
     spec = env_spec(EnvCfg(id=args.env))
     ctx = mp.get_context("spawn")
 

@@ -24,11 +24,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from common import rotated, write_result  # noqa: E402
 from variants import parse_variant  # noqa: E402
 
 from impala_gpu.calibration.measure import time_learner_step  # noqa: E402
-from impala_gpu.config import Config, conf_dir, register_configs  # noqa: E402
+from impala_gpu.config import Config, conf_dir, fresh_batch_size, register_configs  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
 
@@ -37,10 +37,6 @@ def compose_config(overrides: list[str]) -> Config:
     register_configs()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
-
-
-def frames_per_update(cfg: Config) -> int:
-    return cfg.unroll_length * cfg.batch_size * env_spec(cfg.env).frames_per_step
 
 
 def main() -> None:
@@ -56,13 +52,13 @@ def main() -> None:
     names, threads = list(variants), [int(t) for t in args.threads.split(",")]
     runs: list[dict] = []
     for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in rotated(names, r):
             cfg = compose_config([*common, *variants[name]])
             spec = env_spec(cfg.env)
             precision = "fp32" if cfg.precision == "auto" else cfg.precision
             for n in threads:
                 s = time_learner_step(cfg, spec, torch.device("cpu"), precision, n, cfg.batch_size)
-                fps = frames_per_update(cfg) / s
+                fps = fresh_batch_size(cfg) * cfg.unroll_length * spec.frames_per_step / s
                 runs.append({"round": r, "variant": name, "threads": n, "ms": s * 1e3, "fps": fps})
                 print(f"round {r} {name} {n} threads: {s * 1e3:,.1f} ms ({fps:,.0f} frames/s)")
     summary = {}

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from common import rotated, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def main() -> None:
     names = list(variants)
     runs: list[dict] = []
     for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in rotated(names, r):
             res = one_run(args.seconds, [*common, *variants[name]])
             keep = {k: res.get(k) for k in ("frames_per_s", "learner_busy", "policy_lag_mean")}
             runs.append({"round": r, "variant": name, **keep})
