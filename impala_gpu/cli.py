@@ -54,7 +54,8 @@ def _sweep_info() -> tuple[str, dict[str, Any]]:
 
 def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
     """The config a run was trained with, plus this command's scalar overrides (e.g. a larger
-    ``total_frames``), and the run dir to continue in.
+    ``total_frames``), and the run dir to continue in: the checkpoint's own, unless the
+    command gives ``run_dir=``.
 
     In a run dir, the newest checkpoint that loads (see ``load_checkpoint``); ``cfg.resume``
     then names that file, so the algorithm's ``restore`` reads the same one."""
@@ -76,7 +77,12 @@ def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
         )
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in scalar]))
     cfg.resume = str(path)
-    return cfg, str(path.parent.parent)
+    run_dir = str(path.parent.parent)
+    # The saved run_dir is where the run was started; a run dir moved or copied since goes on
+    # where it now lies, not back in the old place. An explicit run_dir= still wins.
+    if not any(o.lstrip("+").split("=", 1)[0] == "run_dir" for o in scalar):
+        cfg.run_dir = run_dir
+    return cfg, run_dir
 
 
 def run(dcfg: DictConfig) -> float:
