@@ -9,7 +9,8 @@ drift. The first variant is the reference of the ratios.
 
 ``--variant NAME=OVERRIDES`` (space-separated Hydra overrides, empty for none); overrides after
 the flags go to every variant. Writes one JSON with every run and, per variant, the median
-frames/s, learner busy and the ratio to the first variant.
+frames/s, learner busy, cores kept busy, CPU-ms per 1K frames, steal and the ratio to the first
+variant.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import rotated, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+KEPT = (
+    "frames_per_s",
+    "learner_busy",
+    "policy_lag_mean",
+    "cores_busy",
+    "cpu_ms_per_kframe",
+    "steal",
+)
 
 
 def one_run(seconds: float, overrides: list[str]) -> dict:
@@ -59,7 +68,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name in rotated(names, r):
             res = one_run(args.seconds, [*common, *variants[name]])
-            keep = {k: res.get(k) for k in ("frames_per_s", "learner_busy", "policy_lag_mean")}
+            keep = {k: res.get(k) for k in KEPT}
             runs.append({"round": r, "variant": name, **keep})
             print(f"round {r} {name}: {res['frames_per_s']:,.0f} frames/s", flush=True)
     summary = {}
@@ -68,6 +77,9 @@ def main() -> None:
         summary[name] = {
             "frames_per_s": statistics.median(x["frames_per_s"] for x in mine),
             "learner_busy": statistics.median(x["learner_busy"] or 0.0 for x in mine),
+            "cores_busy": statistics.median(x["cores_busy"] for x in mine),
+            "cpu_ms_per_kframe": statistics.median(x["cpu_ms_per_kframe"] for x in mine),
+            "steal": statistics.median(x["steal"] for x in mine),
         }
     ref = summary[names[0]]["frames_per_s"]
     for name in names:
@@ -75,6 +87,8 @@ def main() -> None:
         s = summary[name]
         print(
             f"{name}: {s['frames_per_s']:,.0f} frames/s, busy {s['learner_busy']:.0%}, "
+            f"{s['cores_busy']:.2f} cores busy, {s['cpu_ms_per_kframe']:.0f} CPU-ms/1K frames, "
+            f"steal {s['steal']:.1%}, "
             f"ratio {s['ratio']:.3f}"
         )
     result = {
