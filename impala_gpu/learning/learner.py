@@ -18,7 +18,7 @@ from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import OPTIMIZERS, RMSpropTF
-from impala_gpu.models import build_model
+from impala_gpu.models import PolicyOutput, build_model
 from impala_gpu.reporting import health
 from impala_gpu.reporting.health import layer_grad_norms
 from impala_gpu.rl.losses import discounts_from_terminated, impala_loss
@@ -107,16 +107,17 @@ def train_step(
     ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``); the step's
     own detached logits are appended to ``keep_logits`` when it is given.
     """
-    with autocast(batch.obs.device, precision):
-        out = model(batch.obs, batch.first, batch.core_state)
-    logits, values = out.logits.float(), out.value.float()
-    if reference_logits is None and algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
+    out, bootstrap = forward_with_bootstrap(model, batch, precision)
+    logits, values = out.logits.float(), out.value.float()  # [T, B, A], [T, B]
+    if reference_logits is not None:
+        reference_logits = reference_logits[:-1]  # kept as [T+1]; step T is never read
+    elif algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
         reference_logits = logits.detach()  # the first visit: its own anchor, ratio 1
     rewards = batch.reward[1:]
     loss = impala_loss(
-        target_logits_t=logits[:-1],
-        values_t=values[:-1],
-        bootstrap_value=values[-1],
+        target_logits_t=logits,
+        values_t=values,
+        bootstrap_value=bootstrap.value[0].float(),
         behavior_logits=batch.logits[:-1],
         actions=batch.action[:-1],
         rewards=rewards,
@@ -132,7 +133,7 @@ def train_step(
         correction=algo.correction,
         normalize_advantages=algo.normalize_advantages,
         ppo_clip=algo.ppo_clip,
-        reference_logits=None if reference_logits is None else reference_logits[:-1],
+        reference_logits=reference_logits,
     )
     optimizer.zero_grad(set_to_none=True)
     (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
@@ -162,8 +163,23 @@ def train_step(
         ]
     ).float()
     if keep_logits is not None:
-        keep_logits.append(out.logits.detach())
+        keep_logits.append(torch.cat([out.logits.detach(), bootstrap.logits]))
     return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
+
+
+def forward_with_bootstrap(
+    model: nn.Module, batch: Batch, precision: str
+) -> tuple[PolicyOutput, PolicyOutput]:
+    """The policy on steps ``0..T-1`` of ``batch`` (``[T, B]``, with gradient) and on the
+    bootstrap observation ``o_T`` (``[1, B]``, without: V-trace uses ``V(o_T)`` as a constant
+    and never reads step T's logits), so backward does not pass through a row whose gradient is
+    zero: 1/(T+1) of it, a sixth at T=5. An LSTM core carries its state into ``o_T``."""
+    with autocast(batch.obs.device, precision):
+        out = model(batch.obs[:-1], batch.first[:-1], batch.core_state)
+        with torch.no_grad():
+            core = tuple(c.detach() for c in out.core_state)
+            bootstrap = model(batch.obs[-1:], batch.first[-1:], core)
+    return out, bootstrap
 
 
 def minibatch(batch: Batch, index: Tensor) -> Batch:

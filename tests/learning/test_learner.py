@@ -159,3 +159,65 @@ def test_input_stats_take_every_fourth_step_after_the_carried_one_of_fresh_traje
     assert model.obs_norm.count.item() == pytest.approx(expected.count.item())
     torch.testing.assert_close(model.obs_norm.mean, expected.mean)
     torch.testing.assert_close(model.obs_norm.var, expected.var)
+
+
+def _full_forward_gradients(model, batch: Batch, algo: AlgoCfg) -> list[torch.Tensor]:
+    """The loss's gradient from one forward pass over all T+1 steps, as ``train_step`` did
+    before it left the bootstrap observation out of backward."""
+    out = model(batch.obs, batch.first, batch.core_state)
+    logits, values = out.logits, out.value
+    loss = learner.impala_loss(
+        target_logits_t=logits[:-1],
+        values_t=values[:-1],
+        bootstrap_value=values[-1],
+        behavior_logits=batch.logits[:-1],
+        actions=batch.action[:-1],
+        rewards=batch.reward[1:],
+        discounts=learner.discounts_from_terminated(batch.terminated[1:], algo.discount),
+        valid=~(batch.terminated[:-1] | batch.truncated[:-1]),
+        baseline_cost=algo.baseline_cost,
+        entropy_cost=algo.entropy_cost,
+        clip_rho_threshold=algo.clip_rho_threshold,
+        clip_pg_rho_threshold=algo.clip_pg_rho_threshold,
+        lambda_=algo.vtrace_lambda,
+        reduction=algo.reduction,
+        correction=algo.correction,
+        normalize_advantages=algo.normalize_advantages,
+        ppo_clip=algo.ppo_clip,
+        reference_logits=logits.detach()[:-1] if algo.ppo_clip > 0 else None,
+    )
+    model.zero_grad()
+    loss.total.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+@pytest.mark.parametrize("ppo_clip", [0.0, 0.1])
+def test_the_bootstrap_step_leaves_the_gradient_as_a_full_forward_gives_it(lstm, ppo_clip):
+    algo = AlgoCfg(
+        optimizer="adam",
+        learning_rate=0.0,  # the step keeps the weights: the gradient is what is compared
+        reduction="mean",
+        grad_norm_clip=0.0,
+        normalize_advantages=True,
+        ppo_clip=ppo_clip,
+        ppo_reference="first_visit",
+    )
+    torch.manual_seed(0)
+    model = build_model((OBS,), A, ModelCfg(name="mlp", hidden_size=8, use_lstm=lstm, lstm_size=8))
+    batch = make_batch()
+    batch.first[2, 1] = True  # an episode starts inside the unroll, and one on o_T
+    batch.first[T, 3] = True
+    batch.terminated[1, 1] = batch.terminated[T, 3] = True
+    if lstm:
+        g = torch.Generator().manual_seed(1)
+        batch.core_state = (torch.randn(B, 8, generator=g), torch.randn(B, 8, generator=g))
+    expected = _full_forward_gradients(model, batch, algo)
+    kept: list[torch.Tensor] = []
+    learner.train_step(model, learner.make_optimizer(model, algo), batch, algo, keep_logits=kept)
+    for p, want in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, want)
+    # The kept logits cover o_T too (the anchors' layout, [T+1, B, A]) and are the policy's.
+    with torch.no_grad():
+        full = model(batch.obs, batch.first, batch.core_state).logits
+    torch.testing.assert_close(kept[0], full)
