@@ -124,7 +124,10 @@ def connect(cfg: Config) -> bool:
             ) from e
     else:
         cpus = max(os.cpu_count() or 1, math.ceil(cfg.num_actors * cfg.ray.num_cpus_per_actor))
-        ray.init(num_cpus=cpus, object_store_memory=cfg.ray.object_store_mb << 20, **kwargs)
+        # "local": a Ray of its own even when another one already runs on this machine (Ray
+        # would join that one, and refuses num_cpus when it does).
+        memory = cfg.ray.object_store_mb << 20
+        ray.init(address="local", num_cpus=cpus, object_store_memory=memory, **kwargs)
     return True
 
 

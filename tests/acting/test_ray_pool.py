@@ -52,7 +52,7 @@ def weights(model, version: int) -> torch.Tensor:
 
 @pytest.fixture
 def local_ray():  # per test: later tests check how Ray starts, so none may be left up
-    ray.init(num_cpus=1, object_store_memory=100 << 20, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, object_store_memory=100 << 20, include_dashboard=False)
     yield
     ray.shutdown()
 
@@ -181,6 +181,26 @@ def wait_for(cond, timeout: float, what: str, proc=None) -> None:
             raise AssertionError(f"the run exited waiting for {what}: {proc.communicate()[1]}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_without_an_address_a_run_starts_its_own_ray_beside_one_already_up():
+    from impala_gpu.acting.ray_pool import connect
+
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    other = [ray_cli(), "start", "--head", f"--port={PORT + 1}", f"--node-ip-address={HEAD}"]
+    common = ["--num-cpus=1", "--disable-usage-stats", "--object-store-memory=100000000"]
+    subprocess.run([*other, "--include-dashboard=false", *common], env=env, check=True, timeout=120)
+    try:
+        assert connect(small_cfg()) is True
+        try:
+            assert ray.get_runtime_context().gcs_address != f"{HEAD}:{PORT + 1}"
+            assert ray.cluster_resources()["CPU"] >= 2  # its own num_cpus, not the other's 1
+        finally:
+            ray.shutdown()
+    finally:
+        stop_cluster(env)
 
 
 @pytest.mark.slow
