@@ -54,11 +54,10 @@ def run(seconds: float, overrides: list[str], log_interval: float) -> dict:
             subprocess.run(cmd, check=True)
         metrics = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     body = steady_windows(metrics)
-    # A window's line is written at its end: the steady span starts where the line before it.
-    start = metrics[metrics.index(body[0]) - 1]["time"] if body[0] is not metrics[0] else None
     result = {k: median([m[k] for m in body if m.get(k) is not None]) for k in KEYS}
     result |= {"windows": len(body), "frames_total": metrics[-1]["frames"]}
-    result |= cpu.usage(start or body[0]["time"] - body[0]["window_s"], body[-1]["time"])
+    # A window's line is written at its end, window_s after the window began.
+    result |= cpu.usage(body[0]["time"] - body[0]["window_s"], body[-1]["time"])
     # What a frame costs in CPU time, busy-waiting included: comparable across algorithms.
     result["cpu_ms_per_kframe"] = 1e6 * result["cores_busy"] / result["frames_per_s"]
     return result

@@ -27,14 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import rotated, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-KEPT = (
-    "frames_per_s",
-    "learner_busy",
-    "policy_lag_mean",
-    "cores_busy",
-    "cpu_ms_per_kframe",
-    "steal",
-)
+SUMMARISED = ("frames_per_s", "learner_busy", "cores_busy", "cpu_ms_per_kframe", "steal")
+KEPT = (*SUMMARISED, "policy_lag_mean")
 
 
 def one_run(seconds: float, overrides: list[str]) -> dict:
@@ -74,13 +68,8 @@ def main() -> None:
     summary = {}
     for name in names:
         mine = [x for x in runs if x["variant"] == name]
-        summary[name] = {
-            "frames_per_s": statistics.median(x["frames_per_s"] for x in mine),
-            "learner_busy": statistics.median(x["learner_busy"] or 0.0 for x in mine),
-            "cores_busy": statistics.median(x["cores_busy"] for x in mine),
-            "cpu_ms_per_kframe": statistics.median(x["cpu_ms_per_kframe"] for x in mine),
-            "steal": statistics.median(x["steal"] for x in mine),
-        }
+        # A figure a run did not report (None) counts as 0.
+        summary[name] = {k: statistics.median(x[k] or 0.0 for x in mine) for k in SUMMARISED}
     ref = summary[names[0]]["frames_per_s"]
     for name in names:
         summary[name]["ratio"] = summary[name]["frames_per_s"] / ref

@@ -52,16 +52,17 @@ def _sweep_info() -> tuple[str, dict[str, Any]]:
     return hc.runtime.output_dir, info
 
 
-def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
+def resume_config(resume: str, overrides: list[str]) -> DictConfig:
     """The config a run was trained with, plus this command's scalar overrides (e.g. a larger
-    ``total_frames``), and the run dir to continue in: the checkpoint's own, unless the
-    command gives ``run_dir=``.
+    ``total_frames``). Its ``run_dir`` is the checkpoint's own, where the run dir lies now (it
+    may have moved since the run started), unless the command gives ``run_dir=``.
 
     In a run dir, the newest checkpoint that loads (see ``load_checkpoint``); ``cfg.resume``
     then names that file, so the algorithm's ``restore`` reads the same one."""
     path, ckpt = load_checkpoint(resume, set_aside=True)
     saved = ckpt["config"]
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    cfg.run_dir = str(path.parent.parent)
     groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment"}
     groups |= {"compare_cell", "lag_cell"}  # the sweep presets' own groups
     # A deletion (~key) changes the defaults the run was composed from, which it keeps.
@@ -77,12 +78,7 @@ def resume_config(resume: str, overrides: list[str]) -> tuple[DictConfig, str]:
         )
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in scalar]))
     cfg.resume = str(path)
-    run_dir = str(path.parent.parent)
-    # The saved run_dir is where the run was started; a run dir moved or copied since goes on
-    # where it now lies, not back in the old place. An explicit run_dir= still wins.
-    if not any(o.lstrip("+").split("=", 1)[0] == "run_dir" for o in scalar):
-        cfg.run_dir = run_dir
-    return cfg, run_dir
+    return cfg
 
 
 def run(dcfg: DictConfig) -> float:
@@ -100,9 +96,9 @@ def run(dcfg: DictConfig) -> float:
         elif set_aside_unfinished(point_dir):
             _say_sweep(sweep, f"did not finish; starting again (its files are *{SUPERSEDED})")
     if dcfg.resume:
-        dcfg, run_dir = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
+        dcfg = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
-    run_dir = cfg.run_dir or (run_dir if cfg.resume else hydra_dir)
+    run_dir = cfg.run_dir or hydra_dir
     from impala_gpu.algos.registry import algorithm  # here: start-up stays fast
     from impala_gpu.learning.distributed import torchrun_rendezvous
     from impala_gpu.validate import ConfigError, validate_config

@@ -20,8 +20,8 @@ def test_a_moved_run_dir_resumes_where_it_now_lies(tmp_path):
     old, new = tmp_path / "old", tmp_path / "moved"
     _started_in(old, total_frames=1000)
     shutil.move(old, new)
-    cfg, run_dir = resume_config(str(new), ["total_frames=2000"])
-    assert run_dir == str(new) and cfg.run_dir == str(new)
+    cfg = resume_config(str(new), ["total_frames=2000"])
+    assert cfg.run_dir == str(new)
     assert cfg.total_frames == 2000 and cfg.resume.startswith(str(new))
     assert not old.exists()
 
@@ -29,5 +29,5 @@ def test_a_moved_run_dir_resumes_where_it_now_lies(tmp_path):
 def test_an_explicit_run_dir_wins_over_the_checkpoints_own(tmp_path):
     _started_in(tmp_path / "run")
     elsewhere = str(tmp_path / "elsewhere")
-    cfg, _ = resume_config(str(tmp_path / "run"), [f"run_dir={elsewhere}"])
+    cfg = resume_config(str(tmp_path / "run"), [f"run_dir={elsewhere}"])
     assert cfg.run_dir == elsewhere

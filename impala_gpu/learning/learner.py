@@ -21,7 +21,7 @@ from impala_gpu.learning.optim import OPTIMIZERS, RMSpropTF
 from impala_gpu.models import PolicyOutput, build_model
 from impala_gpu.reporting import health
 from impala_gpu.reporting.health import layer_grad_norms
-from impala_gpu.rl.losses import discounts_from_terminated, impala_loss
+from impala_gpu.rl.losses import LossOutput, discounts_from_terminated, impala_loss
 from impala_gpu.speed import autocast, compile_model
 
 
@@ -113,28 +113,7 @@ def train_step(
         reference_logits = reference_logits[:-1]  # kept as [T+1]; step T is never read
     elif algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
         reference_logits = logits.detach()  # the first visit: its own anchor, ratio 1
-    rewards = batch.reward[1:]
-    loss = impala_loss(
-        target_logits_t=logits,
-        values_t=values,
-        bootstrap_value=bootstrap.value[0].float(),
-        behavior_logits=batch.logits[:-1],
-        actions=batch.action[:-1],
-        rewards=rewards,
-        discounts=discounts_from_terminated(batch.terminated[1:], algo.discount),
-        # The step out of a final observation only leads to the next episode's reset obs.
-        valid=~(batch.terminated[:-1] | batch.truncated[:-1]),
-        baseline_cost=algo.baseline_cost,
-        entropy_cost=algo.entropy_cost,
-        clip_rho_threshold=algo.clip_rho_threshold,
-        clip_pg_rho_threshold=algo.clip_pg_rho_threshold,
-        lambda_=algo.vtrace_lambda,
-        reduction=algo.reduction,
-        correction=algo.correction,
-        normalize_advantages=algo.normalize_advantages,
-        ppo_clip=algo.ppo_clip,
-        reference_logits=reference_logits,
-    )
+    loss = batch_loss(batch, algo, logits, values, bootstrap.value[0].float(), reference_logits)
     optimizer.zero_grad(set_to_none=True)
     (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
     layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
@@ -167,6 +146,40 @@ def train_step(
     return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
 
 
+def batch_loss(
+    batch: Batch,
+    algo: AlgoCfg,
+    logits_t: Tensor,
+    values_t: Tensor,
+    bootstrap_value: Tensor,
+    reference_logits_t: Tensor | None = None,
+) -> LossOutput:
+    """``impala_loss`` on ``batch`` (step fields ``[T+1, B]``, the ring's layout) with the
+    policy's ``logits_t [T, B, A]``, ``values_t [T, B]`` and ``bootstrap_value`` ``V(o_T)
+    [B]``; ``reference_logits_t [T, B, A]``: what ``ppo_clip`` clips against, if not mu."""
+    return impala_loss(
+        target_logits_t=logits_t,
+        values_t=values_t,
+        bootstrap_value=bootstrap_value,
+        behavior_logits=batch.logits[:-1],
+        actions=batch.action[:-1],
+        rewards=batch.reward[1:],
+        discounts=discounts_from_terminated(batch.terminated[1:], algo.discount),
+        # The step out of a final observation only leads to the next episode's reset obs.
+        valid=~(batch.terminated[:-1] | batch.truncated[:-1]),
+        baseline_cost=algo.baseline_cost,
+        entropy_cost=algo.entropy_cost,
+        clip_rho_threshold=algo.clip_rho_threshold,
+        clip_pg_rho_threshold=algo.clip_pg_rho_threshold,
+        lambda_=algo.vtrace_lambda,
+        reduction=algo.reduction,
+        correction=algo.correction,
+        normalize_advantages=algo.normalize_advantages,
+        ppo_clip=algo.ppo_clip,
+        reference_logits=reference_logits_t,
+    )
+
+
 def forward_with_bootstrap(
     model: nn.Module, batch: Batch, precision: str
 ) -> tuple[PolicyOutput, PolicyOutput]:
@@ -177,8 +190,7 @@ def forward_with_bootstrap(
     with autocast(batch.obs.device, precision):
         out = model(batch.obs[:-1], batch.first[:-1], batch.core_state)
         with torch.no_grad():
-            core = tuple(c.detach() for c in out.core_state)
-            bootstrap = model(batch.obs[-1:], batch.first[-1:], core)
+            bootstrap = model(batch.obs[-1:], batch.first[-1:], out.core_state)
     return out, bootstrap
 
 

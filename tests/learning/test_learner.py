@@ -166,26 +166,8 @@ def _full_forward_gradients(model, batch: Batch, algo: AlgoCfg) -> list[torch.Te
     before it left the bootstrap observation out of backward."""
     out = model(batch.obs, batch.first, batch.core_state)
     logits, values = out.logits, out.value
-    loss = learner.impala_loss(
-        target_logits_t=logits[:-1],
-        values_t=values[:-1],
-        bootstrap_value=values[-1],
-        behavior_logits=batch.logits[:-1],
-        actions=batch.action[:-1],
-        rewards=batch.reward[1:],
-        discounts=learner.discounts_from_terminated(batch.terminated[1:], algo.discount),
-        valid=~(batch.terminated[:-1] | batch.truncated[:-1]),
-        baseline_cost=algo.baseline_cost,
-        entropy_cost=algo.entropy_cost,
-        clip_rho_threshold=algo.clip_rho_threshold,
-        clip_pg_rho_threshold=algo.clip_pg_rho_threshold,
-        lambda_=algo.vtrace_lambda,
-        reduction=algo.reduction,
-        correction=algo.correction,
-        normalize_advantages=algo.normalize_advantages,
-        ppo_clip=algo.ppo_clip,
-        reference_logits=logits.detach()[:-1] if algo.ppo_clip > 0 else None,
-    )
+    reference = logits.detach()[:-1] if algo.ppo_clip > 0 else None
+    loss = learner.batch_loss(batch, algo, logits[:-1], values[:-1], values[-1], reference)
     model.zero_grad()
     loss.total.backward()
     return [p.grad.clone() for p in model.parameters()]
