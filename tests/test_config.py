@@ -171,6 +171,25 @@ def test_compose_experiment(hydra_compose, experiment, env_id, model):
     _assert_subset(values, dataclasses.asdict(cfg))
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_breakout_preset_is_the_pong_recipe_plus_its_documented_changes(hydra_compose):
+    pong = _flat(dataclasses.asdict(_to_config(hydra_compose(["experiment=pong_impala"]))))
+    breakout = _flat(dataclasses.asdict(_to_config(hydra_compose(["experiment=breakout_impala"]))))
+    differ = {k for k in pong if pong[k] != breakout[k]}
+    own = {"total_frames", "target_return", "algo.entropy_cost"}
+    assert {k for k in differ if not k.startswith("env.")} == own
+    assert (breakout["algo.entropy_cost"], breakout["target_return"]) == (0.02, 100)
+
+
 def test_experiment_cartpole_overrides_defaults(hydra_compose):
     default = _to_config(hydra_compose(["~experiment", "env=cartpole", "model=mlp"]))
     cfg = _to_config(hydra_compose(["experiment=cartpole_impala"]))
