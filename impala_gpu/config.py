@@ -162,6 +162,9 @@ class Config:
     refresh_every: int = 1  # refresh interval K: reload weights once K updates behind (lag cycles)
     bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
     learner_threads: int = 0  # learner torch threads; 0: auto (speed.learner_threads)
+    # CPU learner: split each SGD step's minibatch into N shards run at once on N threads, one
+    # torch thread each (learning.shards); 1: no split, learner_threads share every kernel
+    learner_shards: int = 1
     precision: str = "auto"  # auto | fp32 | bf16 (autocast forward passes); auto: measured here
     # auto: seconds of a real run for each candidate the timings cannot tell apart (0: none);
     # once per machine and workload, cached. Default from IMPALA_GPU_AUTO_TRIAL_S, else 8.

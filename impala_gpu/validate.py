@@ -196,6 +196,42 @@ def validate_learners(cfg: Config) -> None:
     _require(cfg.learner_timeout_s > 0, f"learner_timeout_s={cfg.learner_timeout_s} must be > 0.")
 
 
+def validate_learner_shards(cfg: Config) -> None:
+    """``learner_shards=N``: each SGD step split by trajectory over N threads of a CPU learner."""
+    n = cfg.learner_shards
+    _require(n >= 1, f"learner_shards={n} must be >= 1 (1: no split).")
+    if n == 1:
+        return
+    _require(
+        cfg.algo.name != "a3c",
+        f"learner_shards={n} with algo=a3c: A3C's workers each learn on one thread and have "
+        "no central learner to split. Fix: learner_shards=1, or algo=impala.",
+    )
+    _require(
+        cfg.learners == 1,
+        f"learner_shards={n} with learners={cfg.learners}: choose one way to split the batch. "
+        "Fix: learner_shards=1 (data-parallel processes), or learners=1 (threads).",
+    )
+    _require(
+        cfg.learner_threads in (0, 1),
+        f"learner_shards={n} with learner_threads={cfg.learner_threads}: each shard runs on one "
+        f"torch thread, so the learner uses {n} threads. Fix: learner_threads=0, or "
+        "learner_shards=1 to split each kernel over learner_threads threads instead.",
+    )
+    _require(
+        resolve_device(cfg.device).type == "cpu",
+        f"learner_shards={n} on device={cfg.device}: a GPU learner launches kernels and has "
+        "no cores to share. Fix: learner_shards=1 (or device=cpu).",
+    )
+    per_step = cfg.batch_size // cfg.algo.minibatches
+    _require(
+        n <= per_step,
+        f"learner_shards={n} is more than the {per_step} trajectories of each SGD step "
+        f"(batch_size={cfg.batch_size} / algo.minibatches={cfg.algo.minibatches}). Fix: "
+        f"learner_shards<={per_step}.",
+    )
+
+
 def validate_model_for_env(cfg: Config) -> None:
     """A CNN on a vector env is most often the default command's Pong recipe
     (``experiment=pong_impala``) given another env: say which preset to take instead."""
@@ -349,6 +385,7 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         )
     validate_runtime(cfg)
     validate_learners(cfg)
+    validate_learner_shards(cfg)
     _require(
         cfg.start_method in ("spawn", "forkserver"),
         f"start_method={cfg.start_method!r}: use spawn or forkserver.",

@@ -61,6 +61,8 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
         cfg.learner_threads,
         rdv.world if rdv else 1,
     )
+    if cfg.learner_shards > 1:
+        threads = 1  # per shard: learning.shards
     torch.set_num_threads(threads)
     resume = Resume.read(cfg.resume) if cfg.resume else None
     parallel = None
@@ -86,8 +88,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     finally:
         if data is not None:
             data.close()
-        if learner.parallel is not None:
-            learner.parallel.close()
+        learner.close()
         if run is not None:
             run.close()
 
@@ -165,6 +166,7 @@ def announce_start(run: Run, cfg: Config, device: torch.device, threads: int) ->
             "event": "start",
             "device": str(device),
             "learner_threads": threads,
+            "learner_shards": cfg.learner_shards,
             "precision": cfg.precision,
             "compile": cfg.compile,
             "allocator": allocator(),
@@ -174,10 +176,16 @@ def announce_start(run: Run, cfg: Config, device: torch.device, threads: int) ->
         }
     )
     say(
-        f"learner on {device} ({threads} threads, {cfg.precision}"
+        f"learner on {device} ({_threads_text(cfg, threads)}, {cfg.precision}"
         f"{', compiled' if cfg.compile else ''}, {allocator()} malloc); {cfg.num_actors} "
         f"actors x {cfg.envs_per_actor} envs, T={cfg.unroll_length}, B={cfg.batch_size}"
     )
+
+
+def _threads_text(cfg: Config, threads: int) -> str:
+    if cfg.learner_shards > 1:
+        return f"{cfg.learner_shards} shard threads"
+    return f"{threads} threads"
 
 
 @dataclass
@@ -263,7 +271,14 @@ def update(
     if par is not None:  # learners > 1: this rank trains on its share, DDP averages gradients
         model, (share, grad_scale) = par.model, par.share(batch)
     stats = sgd_steps(
-        model, learner.optimizer, share, cfg.algo, cfg.precision, learner.grad_groups, grad_scale
+        model,
+        learner.optimizer,
+        share,
+        cfg.algo,
+        cfg.precision,
+        learner.grad_groups,
+        grad_scale,
+        learner.shards,
     )
     if par is not None:
         stats = distributed.mean_over_ranks(stats)

@@ -100,6 +100,8 @@ def entry_key(cfg, device: torch.device) -> str:
 def trial_key(c: Candidate, cfg) -> str:
     """A trial's figure's key in its entry: the candidate and what else sets its speed."""
     parts = (c.precision, c.num_actors, c.envs_per_actor, cfg.batch_size, cfg.learner_threads)
+    if cfg.learner_shards != 1:  # keeps the keys of caches written before the option
+        parts = (*parts, f"shards{cfg.learner_shards}")
     return timing_key(parts)
 
 

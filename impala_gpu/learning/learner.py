@@ -18,6 +18,7 @@ from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import OPTIMIZERS, RMSpropTF
+from impala_gpu.learning.shards import LOSS_STATS, ShardThreads, loss_stats
 from impala_gpu.models import PolicyOutput, build_model
 from impala_gpu.reporting import health
 from impala_gpu.reporting.health import layer_grad_norms
@@ -83,6 +84,10 @@ STAT_NAMES = (
     "kl_behavior_target",
     "nonfinite",
 )
+_GRAD_NORM = STAT_NAMES.index("grad_norm")
+assert STAT_NAMES == LOSS_STATS[:_GRAD_NORM] + ("grad_norm",) + LOSS_STATS[_GRAD_NORM:] + (
+    "nonfinite",
+)
 
 
 def train_step(
@@ -95,6 +100,7 @@ def train_step(
     grad_scale: float = 1.0,
     reference_logits: Tensor | None = None,
     keep_logits: list[Tensor] | None = None,
+    shards: ShardThreads | None = None,
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
     so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
@@ -105,8 +111,58 @@ def train_step(
     ``grad_scale`` multiplies the loss before backward (data-parallel learners with a summed
     loss, ``learning.distributed``); the reported loss is unscaled. ``reference_logits``
     ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``); the step's
-    own detached logits are appended to ``keep_logits`` when it is given.
+    own detached logits ``[T+1, B, A]`` are appended to ``keep_logits`` when it is given.
+    ``shards`` (``learner_shards`` > 1): forward and backward split by trajectory over threads.
     """
+
+    def shard_loss(index: Tensor | None) -> tuple[LossOutput, Tensor]:
+        share = batch if index is None else minibatch(batch, index)
+        reference = reference_logits
+        if reference is not None and index is not None:
+            reference = reference.index_select(1, index.to(reference.device))
+        return step_loss(model, share, algo, precision, reference)
+
+    optimizer.zero_grad(set_to_none=True)
+    if shards is None:
+        loss, kept = shard_loss(None)
+        (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
+        loss_terms = loss_stats(loss)
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+        B = batch.obs.shape[1]
+        loss_terms, kept = shards.backward(shard_loss, B, params, algo.reduction, grad_scale)
+    layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
+    max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    finite = torch.isfinite(grad_norm) & torch.isfinite(loss_terms[0])
+    # A NaN/inf step is skipped, never applied: one sync, paid anyway when stats are read.
+    if bool(finite):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    at = _GRAD_NORM  # STAT_NAMES is LOSS_STATS with grad_norm at `at` and nonfinite last
+    stats = torch.cat(
+        [
+            loss_terms[:at],
+            grad_norm.detach().float().reshape(1),
+            loss_terms[at:],
+            (~finite).float().reshape(1),
+        ]
+    )
+    if keep_logits is not None:
+        keep_logits.append(kept)
+    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
+
+
+def step_loss(
+    model: nn.Module,
+    batch: Batch,
+    algo: AlgoCfg,
+    precision: str,
+    reference_logits: Tensor | None = None,
+) -> tuple[LossOutput, Tensor]:
+    """The loss of ``batch`` (its graph kept for backward) and the policy's detached logits
+    on all its steps ``[T+1, B, A]``. ``reference_logits [T+1, B, A]`` as in ``train_step``."""
     out, bootstrap = forward_with_bootstrap(model, batch, precision)
     logits, values = out.logits.float(), out.value.float()  # [T, B, A], [T, B]
     if reference_logits is not None:
@@ -114,36 +170,7 @@ def train_step(
     elif algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
         reference_logits = logits.detach()  # the first visit: its own anchor, ratio 1
     loss = batch_loss(batch, algo, logits, values, bootstrap.value[0].float(), reference_logits)
-    optimizer.zero_grad(set_to_none=True)
-    (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
-    layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
-    max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    finite = torch.isfinite(grad_norm) & torch.isfinite(loss.total.detach())
-    # A NaN/inf step is skipped, never applied: one sync, paid anyway when stats are read.
-    if bool(finite):
-        optimizer.step()
-    else:
-        optimizer.zero_grad(set_to_none=True)
-    stats = torch.stack(
-        [
-            loss.total.detach(),
-            loss.pg_loss,
-            loss.baseline_loss,
-            loss.entropy_loss,
-            loss.entropy,
-            grad_norm.detach(),
-            loss.clipped_rho_fraction,
-            loss.clipped_pg_rho_fraction,
-            loss.mean_rho,
-            loss.mean_abs_log_rho,
-            loss.kl_behavior_target,
-            (~finite).to(grad_norm.dtype),
-        ]
-    ).float()
-    if keep_logits is not None:
-        keep_logits.append(torch.cat([out.logits.detach(), bootstrap.logits]))
-    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
+    return loss, torch.cat([out.logits.detach(), bootstrap.logits])
 
 
 def batch_loss(
@@ -231,14 +258,17 @@ def sgd_steps(
     precision: str = "fp32",
     grad_groups: list[list[nn.Parameter]] | None = None,
     grad_scale: float = 1.0,
+    shards: ShardThreads | None = None,
 ) -> Tensor:
     """``algo.epochs`` passes over ``batch``, each in ``algo.minibatches`` shuffled
     ``train_step``s over whole trajectories (PPO's sample reuse; each step recomputes V-trace
     with the current weights). Returns the steps' mean stats, in ``train_step``'s layout; the
-    ``nonfinite`` entry is the fraction of steps skipped."""
+    ``nonfinite`` entry is the fraction of steps skipped. ``shards``: as in ``train_step``."""
     update_input_stats(model, batch)
     if algo.epochs == 1 and algo.minibatches == 1:
-        return train_step(model, optimizer, batch, algo, precision, grad_groups, grad_scale)
+        return train_step(
+            model, optimizer, batch, algo, precision, grad_groups, grad_scale, shards=shards
+        )
     B = batch.obs.shape[1]
     # first_visit: each trajectory's logits when the first step of this batch trained on it
     # (the clip's anchor, so its ratio starts at 1 whatever the actor's lag).
@@ -262,6 +292,7 @@ def sgd_steps(
                 grad_scale,
                 reference,
                 kept,
+                shards,
             )
             if kept:
                 anchors.index_copy_(1, on_device, kept[0].float())
@@ -318,6 +349,14 @@ class Learner:
     grad_groups: list | None  # their parameters (health.grad_groups), or None when health is off
     nonfinite: NonfiniteGuard
     parallel: Parallel | None = None  # learners > 1 (rank 0): DDP and the batch scatter
+    shards: ShardThreads | None = None  # learner_shards > 1: each SGD step split over threads
+
+    def close(self) -> None:
+        """Stop the learner's threads and, with learners > 1, the other ranks."""
+        if self.shards is not None:
+            self.shards.close()
+        if self.parallel is not None:
+            self.parallel.close()
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The learner's part of a checkpoint (``build_learner``'s ``restore`` loads it back)."""
@@ -349,4 +388,5 @@ def build_learner(
     if restore is not None:
         restore(model, optimizer=optimizer, scheduler=scheduler)
     parallel = data_parallel(model, optimizer, scheduler) if data_parallel is not None else None
-    return Learner(model, optimizer, scheduler, grad_names, grad_groups, guard, parallel)
+    shards = ShardThreads(cfg.learner_shards) if cfg.learner_shards > 1 else None
+    return Learner(model, optimizer, scheduler, grad_names, grad_groups, guard, parallel, shards)

@@ -56,9 +56,11 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
     calls: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
     real = learner.train_step
 
-    def spy(model, optimizer, batch, algo, precision, groups, scale, reference, keep):
+    def spy(model, optimizer, batch, algo, precision, groups, scale, reference, keep, shards):
         mine: list[torch.Tensor] = []
-        stats = real(model, optimizer, batch, algo, precision, groups, scale, reference, mine)
+        stats = real(
+            model, optimizer, batch, algo, precision, groups, scale, reference, mine, shards
+        )
         calls.append((batch.obs[0, :, 0].clone(), reference, mine[0]))
         if keep is not None:
             keep.extend(mine)
