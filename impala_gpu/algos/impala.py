@@ -279,6 +279,7 @@ def update(
         learner.grad_groups,
         grad_scale,
         learner.shards,
+        distributed.sum_over_ranks if par is not None else None,
     )
     if par is not None:
         stats = distributed.mean_over_ranks(stats)

@@ -7,7 +7,8 @@ same train step on its share inside ``DistributedDataParallel``, which all-reduc
 the gradients during backward, so every rank clips the same gradient and takes the same
 optimizer step: N learners at B/N make the update one learner makes at B (``loss_scale``
 weighs each share's loss so that this holds for a sum and for a mean over valid steps;
-``algo.normalize_advantages`` normalises per share).
+with ``algo.normalize_advantages`` the ranks sum their advantages' moments, ``sum_over_ranks``,
+so each normalises by the whole minibatch's mean and standard deviation).
 
 The other ranks need nothing but the config and the rendezvous: spawned by rank 0 on this box
 (``learners=N``), or each started by ``torchrun`` on any number of machines (the batch travels
@@ -195,6 +196,12 @@ def loss_scale(share: Batch, reduction: str) -> float:
     return world * mine / max(float(counts.item()), 1.0)
 
 
+def sum_over_ranks(moments: Tensor) -> Tensor:
+    """``MomentsReduce`` across the ranks: this rank's advantage moments summed over all."""
+    dist.all_reduce(moments, op=dist.ReduceOp.SUM)
+    return moments
+
+
 def mean_over_ranks(stats: Tensor) -> Tensor:
     """The update's stats averaged over the ranks (each measured its own share)."""
     dist.all_reduce(stats, op=dist.ReduceOp.SUM)
@@ -309,6 +316,7 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
                 cfg.precision,
                 learner.grad_groups,
                 grad_scale=loss_scale(share, cfg.algo.reduction),
+                moments_reduce=sum_over_ranks,
             )
             mean_over_ranks(stats)
             learner.scheduler.step()

@@ -22,7 +22,12 @@ from impala_gpu.learning.shards import LOSS_STATS, ShardThreads, loss_stats
 from impala_gpu.models import PolicyOutput, build_model
 from impala_gpu.reporting import health
 from impala_gpu.reporting.health import layer_grad_norms
-from impala_gpu.rl.losses import LossOutput, discounts_from_terminated, impala_loss
+from impala_gpu.rl.losses import (
+    LossOutput,
+    MomentsReduce,
+    discounts_from_terminated,
+    impala_loss,
+)
 from impala_gpu.speed import autocast, compile_model
 
 
@@ -101,6 +106,7 @@ def train_step(
     reference_logits: Tensor | None = None,
     keep_logits: list[Tensor] | None = None,
     shards: ShardThreads | None = None,
+    moments_reduce: MomentsReduce | None = None,
 ) -> Tensor:
     """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
     so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
@@ -113,18 +119,20 @@ def train_step(
     ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``); the step's
     own detached logits ``[T+1, B, A]`` are appended to ``keep_logits`` when it is given.
     ``shards`` (``learner_shards`` > 1): forward and backward split by trajectory over threads.
+    ``moments_reduce``: this batch is one rank's share of the minibatch (``learners`` > 1);
+    sums the ranks' advantage moments (``impala_loss``'s ``advantage_moments``).
     """
 
-    def shard_loss(index: Tensor | None) -> tuple[LossOutput, Tensor]:
+    def shard_loss(index: Tensor | None, reduce: MomentsReduce | None) -> tuple[LossOutput, Tensor]:
         share = batch if index is None else minibatch(batch, index)
         reference = reference_logits
         if reference is not None and index is not None:
             reference = reference.index_select(1, index.to(reference.device))
-        return step_loss(model, share, algo, precision, reference)
+        return step_loss(model, share, algo, precision, reference, reduce)
 
     optimizer.zero_grad(set_to_none=True)
     if shards is None:
-        loss, kept = shard_loss(None)
+        loss, kept = shard_loss(None, moments_reduce)
         (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
         loss_terms = loss_stats(loss)
     else:
@@ -160,16 +168,21 @@ def step_loss(
     algo: AlgoCfg,
     precision: str,
     reference_logits: Tensor | None = None,
+    moments_reduce: MomentsReduce | None = None,
 ) -> tuple[LossOutput, Tensor]:
     """The loss of ``batch`` (its graph kept for backward) and the policy's detached logits
-    on all its steps ``[T+1, B, A]``. ``reference_logits [T+1, B, A]`` as in ``train_step``."""
+    on all its steps ``[T+1, B, A]``. ``reference_logits [T+1, B, A]`` and ``moments_reduce``
+    as in ``train_step``."""
     out, bootstrap = forward_with_bootstrap(model, batch, precision)
     logits, values = out.logits.float(), out.value.float()  # [T, B, A], [T, B]
     if reference_logits is not None:
         reference_logits = reference_logits[:-1]  # kept as [T+1]; step T is never read
     elif algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
         reference_logits = logits.detach()  # the first visit: its own anchor, ratio 1
-    loss = batch_loss(batch, algo, logits, values, bootstrap.value[0].float(), reference_logits)
+    bootstrap_value = bootstrap.value[0].float()
+    loss = batch_loss(
+        batch, algo, logits, values, bootstrap_value, reference_logits, moments_reduce
+    )
     return loss, torch.cat([out.logits.detach(), bootstrap.logits])
 
 
@@ -180,6 +193,7 @@ def batch_loss(
     values_t: Tensor,
     bootstrap_value: Tensor,
     reference_logits_t: Tensor | None = None,
+    moments_reduce: MomentsReduce | None = None,
 ) -> LossOutput:
     """``impala_loss`` on ``batch`` (step fields ``[T+1, B]``, the ring's layout) with the
     policy's ``logits_t [T, B, A]``, ``values_t [T, B]`` and ``bootstrap_value`` ``V(o_T)
@@ -204,6 +218,7 @@ def batch_loss(
         normalize_advantages=algo.normalize_advantages,
         ppo_clip=algo.ppo_clip,
         reference_logits=reference_logits_t,
+        advantage_moments=moments_reduce,
     )
 
 
@@ -259,15 +274,25 @@ def sgd_steps(
     grad_groups: list[list[nn.Parameter]] | None = None,
     grad_scale: float = 1.0,
     shards: ShardThreads | None = None,
+    moments_reduce: MomentsReduce | None = None,
 ) -> Tensor:
     """``algo.epochs`` passes over ``batch``, each in ``algo.minibatches`` shuffled
     ``train_step``s over whole trajectories (PPO's sample reuse; each step recomputes V-trace
     with the current weights). Returns the steps' mean stats, in ``train_step``'s layout; the
-    ``nonfinite`` entry is the fraction of steps skipped. ``shards``: as in ``train_step``."""
+    ``nonfinite`` entry is the fraction of steps skipped. ``shards``, ``moments_reduce``: as in
+    ``train_step``."""
     update_input_stats(model, batch)
     if algo.epochs == 1 and algo.minibatches == 1:
         return train_step(
-            model, optimizer, batch, algo, precision, grad_groups, grad_scale, shards=shards
+            model,
+            optimizer,
+            batch,
+            algo,
+            precision,
+            grad_groups,
+            grad_scale,
+            shards=shards,
+            moments_reduce=moments_reduce,
         )
     B = batch.obs.shape[1]
     # first_visit: each trajectory's logits when the first step of this batch trained on it
@@ -293,6 +318,7 @@ def sgd_steps(
                 reference,
                 kept,
                 shards,
+                moments_reduce,
             )
             if kept:
                 anchors.index_copy_(1, on_device, kept[0].float())

@@ -9,19 +9,21 @@ update. Shards wait for each other once per step, and while one waits the actor 
 shard keep both cores busy (docs/performance.md, ``learner_shards``).
 
 The weighted sum is the gradient of the whole minibatch's loss: for a mean over valid steps
-each shard's loss is weighed by its share of the valid steps, for a sum by 1. What is computed
-per shard: ``algo.normalize_advantages`` normalises within each shard, as with ``learners=N``.
+each shard's loss is weighed by its share of the valid steps, for a sum by 1. With
+``algo.normalize_advantages`` the shards also meet once mid-step, to sum their advantages'
+moments, so each normalises by the whole minibatch's mean and standard deviation.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor, nn
 
-from impala_gpu.rl.losses import LossOutput
+from impala_gpu.rl.losses import LossOutput, MomentsReduce
 
 # What ``loss_stats`` holds: the loss and its terms (weighted like the loss), then means over
 # valid steps (weighted by each shard's share of them). STAT_NAMES less grad_norm and nonfinite.
@@ -36,8 +38,9 @@ VALID_MEANS = (
 )
 LOSS_STATS = LOSS_TERMS + VALID_MEANS
 
-# One shard's step: its trajectories' indices [b] -> its loss (with graph) and what to keep.
-ShardLoss = Callable[[Tensor], tuple[LossOutput, Tensor]]
+# One shard's step: its trajectories' indices [b] and the sum of the shards' advantage moments
+# -> its loss (with graph) and what to keep.
+ShardLoss = Callable[[Tensor, MomentsReduce], tuple[LossOutput, Tensor]]
 
 
 def loss_stats(loss: LossOutput) -> Tensor:
@@ -94,15 +97,20 @@ class ShardThreads:
         and set each parameter's ``.grad`` to the weighted sum of the shards' gradients (times
         ``grad_scale``). Returns the minibatch's ``loss_stats`` and the shards' kept tensors
         concatenated along dim 1 (B), in trajectory order."""
-        parts = torch.arange(B).chunk(self.count)
+        parts = torch.arange(B).tensor_split(self.count)  # chunk() may give fewer
+        moments = MomentsSum(self.count)
 
-        def run(index: Tensor) -> tuple[LossOutput, Tensor, tuple[Tensor | None, ...]]:
-            loss, kept = shard_loss(index)
-            grads = torch.autograd.grad(loss.total, params, allow_unused=True)
+        def run(shard: int) -> tuple[LossOutput, Tensor, tuple[Tensor | None, ...]]:
+            try:
+                loss, kept = shard_loss(parts[shard], lambda m: moments.reduce(shard, m))
+                grads = torch.autograd.grad(loss.total, params, allow_unused=True)
+            except BaseException:
+                moments.abort()  # the other shards must not wait for this one's moments
+                raise
             return loss, kept, grads
 
-        futures = [self.pool.submit(run, index) for index in parts[1:]]
-        results = [run(parts[0])] + [f.result() for f in futures]
+        futures = [self.pool.submit(run, shard) for shard in range(1, self.count)]
+        results = _all_or_first_error([lambda: run(0)] + [f.result for f in futures])
         weights, fractions = shard_weights([r[0].num_valid.item() for r in results], reduction)
         for i, p in enumerate(params):
             p.grad = _weighted_sum([r[2][i] for r in results], weights, grad_scale)
@@ -118,6 +126,38 @@ class ShardThreads:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+
+
+class MomentsSum:
+    """``MomentsReduce`` for shards on threads: each shard hands in its moments ``[3]``, waits
+    until every shard has, and gets their sum (in shard order, so the same on every shard)."""
+
+    def __init__(self, count: int):
+        self.parts: list[Tensor | None] = [None] * count
+        self.barrier = threading.Barrier(count)
+
+    def reduce(self, shard: int, moments: Tensor) -> Tensor:
+        self.parts[shard] = moments
+        self.barrier.wait()
+        return torch.stack(self.parts).sum(0)  # type: ignore[arg-type]
+
+    def abort(self) -> None:
+        self.barrier.abort()
+
+
+def _all_or_first_error(calls: list[Callable[[], tuple]]) -> list[tuple]:
+    """Every call's result once all have returned; else the first error that is not another
+    shard's broken barrier (which only says that some shard failed)."""
+    results, errors = [], []
+    for call in calls:
+        try:
+            results.append(call())
+        except BaseException as error:
+            errors.append(error)
+    if errors:
+        first = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+        raise (first or errors)[0]
+    return results
 
 
 def _weighted_sum(grads: list[Tensor | None], weights: list[float], scale: float) -> Tensor | None:

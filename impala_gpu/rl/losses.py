@@ -11,6 +11,7 @@ thing for truncation; for termination its discount is already 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from impala_gpu.rl import vtrace
 __all__ = [
     "CORRECTIONS",
     "LossOutput",
+    "MomentsReduce",
     "clipped_surrogate",
     "correction_name",
     "discounts_from_terminated",
@@ -28,6 +30,11 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("sum", "mean")
+
+# One share's advantage moments ``[3]`` (valid count, sum, sum of squares; float64) -> the same
+# summed over every share of the minibatch, when a minibatch is split over threads
+# (``learner_shards``) or processes (``learners``), so that every share normalises alike.
+MomentsReduce = Callable[[torch.Tensor], torch.Tensor]
 # Off-policy corrections (IMPALA paper, section 5.2.2, Table 2):
 # - vtrace: V-trace targets and rho-weighted policy gradient (the paper's method);
 # - none: importance weights dropped everywhere: n-step returns on possibly stale data;
@@ -103,12 +110,31 @@ def _masked_sum(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, x, torch.zeros_like(x)).sum()
 
 
-def normalized(x: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``x [T, B]`` shifted and scaled to mean 0, std 1 over its ``valid`` entries (0 elsewhere)."""
+def normalized(
+    x: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8, reduce: MomentsReduce | None = None
+) -> torch.Tensor:
+    """``x [T, B]`` shifted and scaled to mean 0, std 1 over its ``valid`` entries (0 elsewhere);
+    with ``reduce``, over the valid entries of every share whose moments ``reduce`` sums."""
+    if reduce is not None:
+        return _normalized_over_shares(x, valid, eps, reduce)
     n = valid.sum().clamp(min=1)
     mean = _masked_sum(x, valid) / n
     var = _masked_sum((x - mean) ** 2, valid) / (n - 1).clamp(min=1)
     return torch.where(valid, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
+
+
+def _normalized_over_shares(
+    x: torch.Tensor, valid: torch.Tensor, eps: float, reduce: MomentsReduce
+) -> torch.Tensor:
+    x64 = torch.where(valid, x.double(), torch.zeros_like(x, dtype=torch.float64))
+    moments = torch.stack([valid.sum().double(), x64.sum(), x64.square().sum()])
+    n, total, squares = reduce(moments).unbind()
+    n = n.clamp(min=1)
+    mean = total / n
+    # float64: the one-pass variance loses ~1e-16 relative per term, not fp32's 1e-7
+    var = ((squares - n * mean * mean) / (n - 1).clamp(min=1)).clamp(min=0)
+    scaled = (x - mean.to(x.dtype)) / (var.sqrt().to(x.dtype) + eps)
+    return torch.where(valid, scaled, torch.zeros_like(x))
 
 
 def _checked_mask(
@@ -175,6 +201,7 @@ def impala_loss(
     normalize_advantages: bool = False,
     ppo_clip: float = 0.0,
     reference_logits: torch.Tensor | None = None,
+    advantage_moments: MomentsReduce | None = None,
 ) -> LossOutput:
     """IMPALA loss with V-trace targets.
 
@@ -210,6 +237,9 @@ def impala_loss(
             weight ``min(clip_pg_rho_threshold, pi_ref / mu)`` (IMPACT's target network). An
             actor's policy is already several SGD steps behind when its data arrives, so a
             ratio to it starts outside the trust region and clipping silences those steps.
+        advantage_moments: With ``normalize_advantages``, when this batch is one share of a
+            minibatch split over threads or processes: sums the shares' advantage moments,
+            so the normalisation is the whole minibatch's (see ``MomentsReduce``).
 
     Returns:
         :class:`LossOutput`.
@@ -244,7 +274,7 @@ def impala_loss(
     if ppo_clip > 0:
         pg_advantages = _one_step_advantages(vs, rewards, discounts, values_t, bootstrap_value)
     if normalize_advantages:
-        pg_advantages = normalized(pg_advantages, valid)
+        pg_advantages = normalized(pg_advantages, valid, reduce=advantage_moments)
     values_f = values_t.float()
     if ppo_clip > 0:
         if reference_logits is None:

@@ -21,8 +21,8 @@ from impala_gpu.validate import ConfigError, validate_config
 OBS, ACTIONS, T, B, STEPS = (4,), 2, 5, 8, 3
 
 
-def algo(reduction: str) -> AlgoCfg:
-    return AlgoCfg(reduction=reduction, grad_norm_clip=0)
+def algo(reduction: str, normalize: bool = False) -> AlgoCfg:
+    return AlgoCfg(reduction=reduction, grad_norm_clip=0, normalize_advantages=normalize)
 
 
 def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -45,16 +45,22 @@ def with_core(batch, lstm: bool, seed: int):
     return dataclasses.replace(batch, core_state=core)
 
 
-def one_learner(reduction: str, lstm: bool) -> list[torch.Tensor]:
+def one_learner(reduction: str, lstm: bool, normalize: bool) -> list[torch.Tensor]:
     model = fresh_model(lstm)
     opt = sgd(model)
     for step in range(STEPS):
         batch = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
-        train_step(model, opt, batch, algo(reduction))
+        train_step(model, opt, batch, algo(reduction, normalize))
     return [p.detach().clone() for p in model.parameters()]
 
 
-CASES = [("mean", False), ("sum", False), ("mean", True)]
+# (reduction, lstm, normalize_advantages): normalised over the whole batch, not per share
+CASES = [
+    ("mean", False, False),
+    ("sum", False, False),
+    ("mean", True, False),
+    ("mean", False, True),
+]
 
 
 def rank_main(rank: int, world: int, init_method: str, out) -> None:
@@ -63,15 +69,17 @@ def rank_main(rank: int, world: int, init_method: str, out) -> None:
     device = torch.device("cpu")
     distributed.join_group(rdv, device, timeout_s=60)
     try:
-        for reduction, lstm in CASES:
-            params = train_as_rank(rank, world, device, reduction, lstm)
+        for reduction, lstm, normalize in CASES:
+            params = train_as_rank(rank, world, device, reduction, lstm, normalize)
             if rank == 0:
                 out.put(params)
     finally:
         distributed.leave_group()
 
 
-def train_as_rank(rank: int, world: int, device, reduction: str, lstm: bool) -> list:
+def train_as_rank(
+    rank: int, world: int, device, reduction: str, lstm: bool, normalize: bool
+) -> list:
     model = fresh_model(lstm)
     with torch.no_grad():  # a different start on rank 1: DDP must broadcast rank 0's
         for p in model.parameters():
@@ -87,7 +95,14 @@ def train_as_rank(rank: int, world: int, device, reduction: str, lstm: bool) -> 
         full = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
         share = scatter.scatter(full if rank == 0 else None)
         scale = distributed.loss_scale(share, reduction)
-        train_step(ddp, opt, share, algo(reduction), grad_scale=scale)
+        train_step(
+            ddp,
+            opt,
+            share,
+            algo(reduction, normalize),
+            grad_scale=scale,
+            moments_reduce=distributed.sum_over_ranks,
+        )
     assert not scatter.signal(go=False)
     return [p.detach().numpy().copy() for p in model.parameters()]  # by value
 
@@ -111,8 +126,8 @@ def test_two_learners_at_half_batch_make_one_learners_update():
         for p in procs:
             p.join(timeout=60)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    for (reduction, lstm), params in zip(CASES, got, strict=True):
-        want = one_learner(reduction, lstm)
+    for (reduction, lstm, normalize), params in zip(CASES, got, strict=True):
+        want = one_learner(reduction, lstm, normalize)
         start = dict(fresh_model(lstm).named_parameters())
         moved = max(
             float((w - s.detach()).abs().max()) for w, s in zip(want, start.values(), strict=True)
@@ -127,7 +142,7 @@ def test_two_learners_at_half_batch_make_one_learners_update():
                 # puts the ranks a whole move off
                 rtol=1e-5,
                 atol=1e-6,
-                msg=lambda m, case=(reduction, lstm, name): f"{case}: {m}",
+                msg=lambda m, case=(reduction, lstm, normalize, name): f"{case}: {m}",
             )
 
 

@@ -56,10 +56,10 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
     calls: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
     real = learner.train_step
 
-    def spy(model, optimizer, batch, algo, precision, groups, scale, reference, keep, shards):
+    def spy(model, optimizer, batch, algo, precision, groups, scale, reference, keep, *rest):
         mine: list[torch.Tensor] = []
         stats = real(
-            model, optimizer, batch, algo, precision, groups, scale, reference, mine, shards
+            model, optimizer, batch, algo, precision, groups, scale, reference, mine, *rest
         )
         calls.append((batch.obs[0, :, 0].clone(), reference, mine[0]))
         if keep is not None:

@@ -57,12 +57,12 @@ def threads():
         pool.close()
 
 
+@pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("count", [2, 3])
-def test_a_sharded_step_is_the_whole_minibatch_step(threads, reduction, count) -> None:
-    # normalize_advantages off: it is the one part computed per shard (see learning.shards)
+def test_a_sharded_step_is_the_whole_minibatch_step(threads, reduction, count, normalize) -> None:
     algo = AlgoCfg(
-        optimizer="adam", learning_rate=0.1, reduction=reduction, normalize_advantages=False
+        optimizer="adam", learning_rate=0.1, reduction=reduction, normalize_advantages=normalize
     )
     results = []
     for shards in (None, threads(count)):
@@ -120,6 +120,27 @@ def test_sample_reuse_with_first_visit_anchors_matches_unsharded(threads) -> Non
         weights.append(flat_weights(model))
     torch.testing.assert_close(weights[1], weights[0], rtol=1e-5, atol=1e-6)
     assert not torch.equal(weights[0], flat_weights(make_model()))
+
+
+def test_a_failing_shard_raises_its_own_error_and_frees_the_others(threads) -> None:
+    algo = AlgoCfg(normalize_advantages=True)
+    model, pool = make_model(), threads(3)
+    real = learner.step_loss
+
+    def second_shard_fails(model, batch, *args):
+        if batch.obs.shape[1] == 2:  # B=7 over 3 shards: 3, 2, 2 trajectories
+            raise RuntimeError("shard failed before its moments")
+        return real(model, batch, *args)
+
+    learner.step_loss, restore = second_shard_fails, real
+    try:
+        with pytest.raises(RuntimeError, match="shard failed"):  # not a broken barrier
+            learner.train_step(
+                model, learner.make_optimizer(model, algo), make_batch(), algo, shards=pool
+            )
+    finally:
+        learner.step_loss = restore
+    learner.train_step(model, learner.make_optimizer(model, algo), make_batch(), algo, shards=pool)
 
 
 def test_shard_weights_against_counting_by_hand() -> None:

@@ -337,6 +337,36 @@ def test_normalized_advantages_have_unit_scale_on_valid_steps():
     torch.testing.assert_close(y[valid], (x[valid] - x[valid].mean()) / x[valid].std())
 
 
+def test_normalized_over_shares_is_the_whole_minibatchs_normalisation():
+    from impala_gpu.rl.losses import normalized
+
+    g = torch.Generator().manual_seed(1)
+    x = -2.0 + 4.0 * torch.randn(5, 7, generator=g)
+    valid = torch.rand(5, 7, generator=g) > 0.2
+    x[~valid] = float("nan")
+    shares = [slice(0, 3), slice(3, 4), slice(4, 7)]  # uneven, as trajectories split
+    given: list[torch.Tensor] = []
+
+    def summed(moments: torch.Tensor) -> torch.Tensor:  # what the other shares hand in too
+        given.append(moments)
+        count, total, squares = [], [], []
+        for s in shares:
+            v = x[:, s][valid[:, s]].double()
+            count.append(v.numel())
+            total.append(v.sum())
+            squares.append((v * v).sum())
+        return torch.stack([torch.tensor(sum(count)).double(), sum(total), sum(squares)])
+
+    whole = normalized(x, valid)
+    for s in shares:
+        part = normalized(x[:, s], valid[:, s], reduce=summed)
+        torch.testing.assert_close(part, whole[:, s])
+        # and not what the share alone would give
+        assert not torch.allclose(part, normalized(x[:, s], valid[:, s]))
+    assert [m.dtype for m in given] == [torch.float64] * 3
+    assert given[1][0] == valid[:, 3].sum()  # each share hands in its own moments
+
+
 def brute_force_uncorrected(batch: dict[str, torch.Tensor], pg_rho_bar: float | None, is1: bool):
     """``none`` and ``is1`` by plain loops: n-step returns ``vs_t = r_t + g_t * vs_{t+1}``
     (``V(x_t)`` at an invalid step, which cuts the trace; the bootstrap value after the last
