@@ -63,8 +63,11 @@ class _threads:
 
 
 def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -> float:
-    """Seconds per update at ``[T, B]`` on synthetic data (fresh model and optimizer)."""
+    """Seconds per update at ``[T, B]`` on synthetic data (fresh model and optimizer). With
+    ``cfg.learner_shards`` > 1 the update is split over that many one-thread shards, as in a
+    run, and ``threads`` is not used."""
     from impala_gpu.learning.learner import make_optimizer, sgd_steps
+    from impala_gpu.learning.shards import ShardThreads
     from impala_gpu.models import build_model
     from impala_gpu.speed import compile_model
 
@@ -72,12 +75,17 @@ def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -
     optimizer = make_optimizer(model, cfg.algo)
     compile_model(model, cfg.compile)
     batch = _synthetic_batch(spec, cfg.unroll_length, B, model, device)
+    shards = ShardThreads(cfg.learner_shards) if cfg.learner_shards > 1 else None
 
     def update() -> None:
-        sgd_steps(model, optimizer, batch, cfg.algo, precision)[0].item()  # .item(): sync
+        sgd_steps(model, optimizer, batch, cfg.algo, precision, shards=shards)[0].item()  # sync
 
-    with _threads(threads):
-        return _median_time(update, min_reps=3, min_s=0.3, warmup=2 if cfg.compile else 1)
+    try:
+        with _threads(1 if shards is not None else threads):
+            return _median_time(update, min_reps=3, min_s=0.3, warmup=2 if cfg.compile else 1)
+    finally:
+        if shards is not None:
+            shards.close()
 
 
 def time_policy_step(cfg, spec, precision: str, E: int) -> float:
