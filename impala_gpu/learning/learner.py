@@ -301,7 +301,7 @@ def sgd_steps(
     anchors = torch.empty_like(batch.logits, dtype=torch.float32) if first_visit else None
     total = None
     for epoch in range(algo.epochs):
-        for index in torch.randperm(B).chunk(algo.minibatches):
+        for index in torch.randperm(B).tensor_split(algo.minibatches):  # chunk() may give fewer
             on_device = index.to(batch.obs.device)
             reference = None
             if anchors is not None and epoch > 0:

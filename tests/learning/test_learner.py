@@ -205,3 +205,24 @@ def test_the_bootstrap_step_leaves_the_gradient_as_a_full_forward_gives_it(lstm,
     with torch.no_grad():
         full = model(batch.obs, batch.first, batch.core_state).logits
     torch.testing.assert_close(kept[0], full)
+
+
+def test_every_pass_takes_minibatches_steps_when_they_do_not_divide_the_batch(monkeypatch) -> None:
+    # B=6 in 4 minibatches: 2, 2, 1, 1 trajectories (chunk() would make 3 steps of 2)
+    seen: list[list[int]] = []
+    returned: list[torch.Tensor] = []
+    real = learner.train_step
+
+    def spy(model, optimizer, batch, *rest):
+        seen.append(batch.obs[0, :, 0].tolist())
+        returned.append(real(model, optimizer, batch, *rest))
+        return returned[-1]
+
+    monkeypatch.setattr(learner, "train_step", spy)
+    algo = AlgoCfg(optimizer="adam", learning_rate=1e-2, reduction="mean", epochs=2, minibatches=4)
+    model, batch = make_model(), make_batch()
+    stats = learner.sgd_steps(model, learner.make_optimizer(model, algo), batch, algo)
+    assert sorted(len(s) for s in seen) == [1, 1, 1, 1, 2, 2, 2, 2]
+    for epoch in (seen[:4], seen[4:]):  # each pass visits every trajectory once
+        assert sorted(x for s in epoch for x in s) == sorted(batch.obs[0, :, 0].tolist())
+    torch.testing.assert_close(stats, torch.stack(returned).mean(0))
