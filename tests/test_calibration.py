@@ -320,3 +320,14 @@ def test_the_hint_quotes_real_trials_never_predictions(tmp_path, monkeypatch):
     cal.cache.save_cache(cal.cache_path(), {key: {**entry, "trial_steps_per_s": trials}})
     alternatives = cal.measured_alternatives(cfg, torch.device("cpu"))
     assert alternatives == {Candidate("fp32", 2, 16): 1000.0, Candidate("bf16", 2, 16): 1200.0}
+
+
+def test_sharded_learner_timings_have_their_own_entry():
+    """A sharded update's timings (and trials) must not stand in for an unsharded one's: same
+    ``learner_step_s`` keys (precision/threads/batch), different speed."""
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), precision="fp32", num_actors=2, envs_per_actor=16)
+    cpu = torch.device("cpu")
+    plain = cal.cache.entry_key(cfg, cpu)
+    assert "learner_shards" not in plain  # caches written before the option still match
+    cfg.learner_shards = 2
+    assert cal.cache.entry_key(cfg, cpu) != plain

@@ -83,7 +83,7 @@ def machine_key(device: torch.device) -> dict[str, Any]:
 
 def workload_key(cfg, device: torch.device) -> dict[str, Any]:
     e, m = cfg.env, cfg.model
-    return {
+    key = {
         "env": [e.id, e.frame_skip, e.frame_stack, e.screen_size, e.vector_backend],
         "model": [m.name, m.hidden_size, m.mlp_layers, m.use_lstm, m.lstm_size, m.channels_last],
         "algo": [cfg.algo.name, cfg.algo.optimizer],
@@ -91,6 +91,9 @@ def workload_key(cfg, device: torch.device) -> dict[str, Any]:
         "device": device.type,
         "compile": cfg.compile,
     }
+    if cfg.learner_shards != 1:  # keeps the keys of caches written before the option
+        key["learner_shards"] = cfg.learner_shards
+    return key
 
 
 def entry_key(cfg, device: torch.device) -> str:
@@ -100,8 +103,6 @@ def entry_key(cfg, device: torch.device) -> str:
 def trial_key(c: Candidate, cfg) -> str:
     """A trial's figure's key in its entry: the candidate and what else sets its speed."""
     parts = (c.precision, c.num_actors, c.envs_per_actor, cfg.batch_size, cfg.learner_threads)
-    if cfg.learner_shards != 1:  # keeps the keys of caches written before the option
-        parts = (*parts, f"shards{cfg.learner_shards}")
     return timing_key(parts)
 
 
