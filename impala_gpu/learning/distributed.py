@@ -86,6 +86,12 @@ def learner_device(device: torch.device, rank: int) -> torch.device:
 
 
 def join_group(rdv: Rendezvous, device: torch.device, timeout_s: float) -> None:
+    # DDP imports torch._dynamo. Imported after the group exists, it keeps a reference to the
+    # group that destroy_process_group cannot drop, so gloo's worker threads outlive it into
+    # interpreter exit; one releasing its last work's tensors then needs the GIL and the rank
+    # dies with SIGABRT ("terminate called without an active exception") after its work is done.
+    import torch._dynamo  # noqa: F401
+
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -245,6 +251,7 @@ class DataParallel:
         if self.closed:
             return
         self.closed = True
+        self.model = None  # the DDP wrapper holds the group until it goes
         if all(p.is_alive() for p in self.followers):
             try:
                 self.scatter.signal(go=False)

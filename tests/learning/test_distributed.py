@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -144,6 +147,40 @@ def test_two_learners_at_half_batch_make_one_learners_update():
                 atol=1e-6,
                 msg=lambda m, case=(reduction, lstm, normalize, name): f"{case}: {m}",
             )
+
+
+# A fresh interpreter: once any test has imported torch._dynamo, the leak cannot show.
+LEAVE_IN_A_FRESH_PROCESS = """
+import os, sys, torch
+from impala_gpu.learning import distributed
+
+assert "torch._dynamo" not in sys.modules
+torch.set_num_threads(1)
+torch.nn.Linear(4, 2)(torch.randn(3, 4)).sum().backward()  # threads torch starts once, before
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+distributed.join_group(distributed.local_rendezvous(1), torch.device("cpu"), timeout_s=30)
+model = distributed.wrap(torch.nn.Linear(4, 2), torch.device("cpu"))  # imports torch._dynamo
+model(torch.randn(3, 4)).sum().backward()
+del model
+distributed.leave_group()
+print(before, threads())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_leaving_the_group_stops_its_threads():
+    """A rank that left its group must hold none of gloo's threads: any left are torn down at
+    interpreter exit, where one can abort the process (SIGABRT) after its work is done."""
+    out = subprocess.run(
+        [sys.executable, "-c", LEAVE_IN_A_FRESH_PROCESS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    before, after = map(int, out.stdout.split())
+    assert after == before, f"{after - before} of the group's threads outlived it"
 
 
 def test_learners_must_split_the_batch():
