@@ -331,3 +331,14 @@ def test_sharded_learner_timings_have_their_own_entry():
     assert "learner_shards" not in plain  # caches written before the option still match
     cfg.learner_shards = 2
     assert cal.cache.entry_key(cfg, cpu) != plain
+
+
+@pytest.mark.parametrize("epochs, minibatches", [(2, 1), (1, 4), (2, 4)])
+def test_an_update_of_more_sgd_steps_has_its_own_entry(epochs, minibatches):
+    """``learner_step_s`` times a whole update, epochs x minibatches SGD steps: pong_impala's
+    2 x 4 timings must not stand in for paper_pong's 1 x 1 on the same machine."""
+    cfg = Config(env=EnvCfg(id="CartPole-v1"), precision="fp32", num_actors=2, envs_per_actor=16)
+    cpu = torch.device("cpu")
+    one_step = cal.cache.entry_key(cfg, cpu)
+    cfg.algo.epochs, cfg.algo.minibatches = epochs, minibatches
+    assert cal.cache.entry_key(cfg, cpu) != one_step

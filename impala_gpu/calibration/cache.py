@@ -1,6 +1,7 @@
 """Where ``auto``'s timings and trial figures are kept: one JSON file per user, one entry per
-machine (CPU, cores, GPU, library versions) and workload (env, model, algo, T, device), so a
-later run on the same machine and workload starts at once and no other machine trusts them."""
+machine (CPU, cores, GPU, library versions) and workload (env, model, algo and its SGD steps
+per update, T, device), so a later run on the same machine and workload starts at once and no
+other machine trusts them."""
 
 from __future__ import annotations
 
@@ -87,6 +88,9 @@ def workload_key(cfg, device: torch.device) -> dict[str, Any]:
         "env": [e.id, e.frame_skip, e.frame_stack, e.screen_size, e.vector_backend],
         "model": [m.name, m.hidden_size, m.mlp_layers, m.use_lstm, m.lstm_size, m.channels_last],
         "algo": [cfg.algo.name, cfg.algo.optimizer],
+        # an update is epochs x minibatches SGD steps: a 2 x 4 recipe's update time must not
+        # stand in for a 1 x 1 one's (with this field, entries written before it miss once)
+        "sgd": [cfg.algo.epochs, cfg.algo.minibatches],
         "T": cfg.unroll_length,
         "device": device.type,
         "compile": cfg.compile,
