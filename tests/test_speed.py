@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
 
 import pytest
 import torch
-from leakcheck import read_metrics, run_cli
+from leakcheck import read_events, read_metrics, run_cli
 from ringdata import random_batch
 
 from impala_gpu import speed
@@ -143,7 +142,7 @@ def test_bf16_cartpole_run_learns_and_reports_its_setup(tmp_path):
     )
     metrics = read_metrics(run_dir)
     assert metrics[-1]["episode_return"] > 75, [m["episode_return"] for m in metrics]
-    start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
+    start = read_events(run_dir)[0]
     assert start["event"] == "start" and start["precision"] == "bf16"
     want = (
         "tcmalloc" if speed.find_tcmalloc() and os.environ.get(speed.TCMALLOC_ENV) != "0" else None

@@ -21,6 +21,7 @@ from leakcheck import (
     leaked_shm,
     popen_marked,
     processes_with_marker,
+    read_events,
     read_metrics,
     shm_entries,
     wait_for_log,
@@ -220,8 +221,7 @@ def test_health_warnings_are_recorded_and_printed(tmp_path, no_leaks, capfd):
         "health.warmup_updates=0",
     )  # fmt: skip
     a3c.train(cfg, tmp_path)
-    lines = (tmp_path / "events.jsonl").read_text().splitlines()
-    warned = [e for e in map(json.loads, lines) if e["event"] == "health_warning"]
+    warned = [e for e in read_events(tmp_path) if e["event"] == "health_warning"]
     assert len(warned) == 1 and "the policy barely depends on its input" in warned[0]["message"]
     assert warned[0]["frames"] > 0
     assert "impala_gpu: warning: the policy barely depends on its input" in capfd.readouterr().err

@@ -16,6 +16,7 @@ from leakcheck import (
     leaked_shm,
     popen_marked,
     processes_with_marker,
+    read_events,
     read_metrics,
     run_cli,
     shm_entries,
@@ -72,7 +73,7 @@ def test_cartpole_learns_with_two_actors(tmp_path):
         total = m["learner_busy"] + m["learner_wait"] + m["learner_overhead"]
         assert total == pytest.approx(1.0, abs=1e-6)
     assert max(m["policy_lag_max"] for m in metrics) > 0, "async actors should show some lag"
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     hints = [e for e in events if e["event"] == "tuning_hint"]
     assert len(hints) == 1 and hints[0]["bound"] in ("actors", "learner", "balanced")
 

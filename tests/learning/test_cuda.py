@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 
 import pytest
 import torch
-from leakcheck import read_metrics, run_cli
+from leakcheck import read_events, read_metrics, run_cli
 from ringdata import SPEC as LSTM_SPEC
 from ringdata import batches_from_ring, expected_batch, random_batch
 from test_speed import ATARI_ACTIONS, ATARI_OBS, LOSS_STATS, one_update
@@ -137,6 +136,6 @@ def test_cuda_cartpole_run_learns_and_reports_gpu_busy(tmp_path):
         assert m["gpu_mem_peak_gb"] > 0
     assert metrics[-1]["frames"] >= 200_000
     assert metrics[-1]["episode_return"] > 75, [m["episode_return"] for m in metrics]
-    start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
+    start = read_events(run_dir)[0]
     assert start["event"] == "start" and start["device"].startswith("cuda")
     assert start["learner_threads"] == speed.default_learner_threads("cuda", "fp32", 1, 2)

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-from leakcheck import read_metrics, run_cli
+from leakcheck import run_cartpole_and_check_it_learns
 from ringdata import random_batch
 
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
@@ -196,15 +196,4 @@ def test_learners_must_split_the_batch():
 
 @pytest.mark.slow
 def test_cartpole_trains_with_two_learners(tmp_path):
-    run_dir = tmp_path / "run"
-    run_cli(
-        run_dir,
-        "experiment=cartpole_impala",
-        "learners=2",
-        "precision=fp32",
-        "total_frames=60000",
-        "log_interval_s=1",
-    )
-    metrics = read_metrics(run_dir)
-    assert metrics[-1]["frames"] >= 60_000
-    assert metrics[-1]["episode_return"] > 22, "no learning at all with two learners"
+    run_cartpole_and_check_it_learns(tmp_path, "learners=2")

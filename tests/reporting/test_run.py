@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from leakcheck import read_events
 
 from impala_gpu.config import CheckpointCfg, Config, EnvCfg, ModelCfg, WandbCfg
 from impala_gpu.models import build_model
@@ -134,7 +135,7 @@ def test_health_warnings_are_recorded_and_printed_once(tmp_path, capsys):
     for updates in (1, 2):
         run.warn_health({"frames": 100 * updates, "updates": updates, "logit_spread": 0.0})
     run.close()
-    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    events = read_events(tmp_path)
     warned = [e for e in events if e["event"] == "health_warning"]
     assert len(warned) == 1 and warned[0]["frames"] == 100
     assert "the policy barely depends on its input" in warned[0]["message"]
