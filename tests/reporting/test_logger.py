@@ -124,6 +124,27 @@ def test_tensorboard_gets_prefixed_scalars_at_frames_and_jsonl_keeps_flat_keys(t
     assert flat["episode_return"] == 21.5 and "charts/episode_return" not in flat
 
 
+def test_close_outlasts_a_lost_wakeup_of_tensorboards_writer_by_one_flush_at_most(
+    tmp_path, monkeypatch
+):
+    """An interrupted run's close() once stalled past 60 s: TensorBoard's writer thread sleeps
+    until its next flush and had missed the wake-up for the stop signal. Lose that wake-up on
+    purpose: close() must still return within about one flush interval (not 120 s)."""
+    from impala_gpu.reporting import logger as logger_module
+
+    cfg = dataclasses.replace(_cfg(mode="disabled"), tensorboard=True)
+    logger = MetricsLogger(tmp_path, cfg)
+    logger.log({"frames": 640, "episode_return": 1.0}, {})
+    byte_queue = logger.tb.file_writer.event_writer._async_writer._byte_queue
+    time.sleep(0.5)  # the writer thread has flushed once and sleeps until the next flush
+    monkeypatch.setattr(byte_queue.not_empty, "notify", lambda n=1: None)
+    start = time.monotonic()
+    logger.close()
+    assert time.monotonic() - start < logger_module.TB_FLUSH_S + 5
+    (event,) = _tb_tags(tmp_path).Scalars("charts/episode_return")
+    assert event.step == 640  # and nothing written was lost
+
+
 def test_tensorboard_off_writes_no_event_file(tmp_path):
     cfg = dataclasses.replace(_cfg(mode="disabled"), tensorboard=False)
     with MetricsLogger(tmp_path, cfg) as logger:
