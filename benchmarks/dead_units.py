@@ -2,7 +2,7 @@
 
 Records real Pong play once (a uniform-random policy, the ale-py vector env of the actors),
 then trains fresh copies of the shallow net on batches drawn from it with the real
-``learner.train_step``, one variant per run, and tracks network health (dead units per layer,
+``Learner.update``, one variant per run, and tracks network health (dead units per layer,
 logit spread, per-layer gradient norms) every few updates. Same data, same batches, same seed
 for every variant, so differences come from the change alone. Minutes instead of hours:
 
@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from benchmarks.common import machine
 from impala_gpu.config import Config, EnvCfg
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
-from impala_gpu.learning.learner import Batch, make_optimizer, train_step
+from impala_gpu.learning.learner import Batch, Learner, make_optimizer
 from impala_gpu.models import build_model
 from impala_gpu.reporting import health
 
@@ -75,6 +75,7 @@ def run_variant(cfg: Config, data, spec, updates: int, every: int, seed: int) ->
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
     optimizer = make_optimizer(model, cfg.algo)
     names, groups = health.grad_groups(model)
+    learner = Learner(model, optimizer, cfg.algo, "fp32", grad_groups=groups)
     gen = torch.Generator().manual_seed(seed)
     probe = sample_batch(data, 20, 12, torch.Generator().manual_seed(seed + 1))  # fixed states
     curve, acc = [], []
@@ -93,7 +94,7 @@ def run_variant(cfg: Config, data, spec, updates: int, every: int, seed: int) ->
         if u == updates:
             break
         batch = sample_batch(data, cfg.unroll_length, cfg.batch_size, gen)
-        stats = train_step(model, optimizer, batch, cfg.algo, "fp32", groups).numpy()
+        stats = learner.update(batch).numpy()
         acc.append(np.concatenate([stats[[0, 4, 5]], stats[10:]]))
     return curve
 

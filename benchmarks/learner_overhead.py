@@ -35,7 +35,7 @@ from impala_gpu.channels.ring import (  # noqa: E402
 from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
-from impala_gpu.learning.learner import make_optimizer, train_step  # noqa: E402
+from impala_gpu.learning.learner import Learner, make_optimizer  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
 from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
 from impala_gpu.validate import resolve_device  # noqa: E402
@@ -88,21 +88,19 @@ def synthetic_batch(ring: TrajectoryRing, B: int, device: torch.device) -> Batch
     return Batch(**fields, versions=torch.zeros(B, dtype=torch.int64))
 
 
-def run_synthetic(model, opt, algo, batch, updates: int, precision: str = "fp32") -> float:
+def run_synthetic(learner: Learner, batch: Batch, updates: int) -> float:
     for _ in range(2):  # warm-up
-        train_step(model, opt, batch, algo, precision).cpu()
+        learner.update(batch).cpu()
     t0 = time.perf_counter()
     for _ in range(updates):
-        train_step(model, opt, batch, algo, precision).cpu()
+        learner.update(batch).cpu()
     return updates / (time.perf_counter() - t0)
 
 
-def run_ring(
-    model, opt, algo, batcher: Batcher, updates: int, precision: str = "fp32"
-) -> dict[str, float]:
+def run_ring(learner: Learner, batcher: Batcher, updates: int) -> dict[str, float]:
     for _ in range(2):  # warm-up
         k, b = batcher.get()
-        train_step(model, opt, b, algo, precision).cpu()
+        learner.update(b).cpu()
         batcher.done(k)
     busy = wait = 0.0
     start = time.perf_counter()
@@ -110,7 +108,7 @@ def run_ring(
         t0 = time.perf_counter()
         k, b = batcher.get()
         t1 = time.perf_counter()
-        train_step(model, opt, b, algo, precision).cpu()
+        learner.update(b).cpu()
         t2 = time.perf_counter()
         batcher.done(k)
         busy += t2 - t1
@@ -170,8 +168,9 @@ def main() -> None:
     synth, fed = [], []
     try:
         for _ in range(args.repeats):
-            synth.append(run_synthetic(model, opt, algo, batch, args.updates, args.precision))
-            fed.append(run_ring(model, opt, algo, batcher, args.updates, args.precision))
+            learner = Learner(model, opt, algo, args.precision)
+            synth.append(run_synthetic(learner, batch, args.updates))
+            fed.append(run_ring(learner, batcher, args.updates))
     finally:
         stop.set()
         batcher.stop()

@@ -13,7 +13,7 @@ from ringdata import random_batch
 
 from impala_gpu import speed
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
-from impala_gpu.learning.learner import STAT_NAMES, Batch, train_step
+from impala_gpu.learning.learner import STAT_NAMES, Batch, Learner
 from impala_gpu.models import build_model
 from impala_gpu.validate import ConfigError, validate_config
 
@@ -25,7 +25,7 @@ def one_update(model, batch: Batch, precision: str = "fp32"):
     """Stats and the parameter change of one plain-SGD update (the change is -lr * grad)."""
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    stats = train_step(model, opt, batch, AlgoCfg(), precision)
+    stats = Learner(model, opt, AlgoCfg(), precision).update(batch)
     delta = torch.cat(
         [(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)]
     )

@@ -52,7 +52,8 @@ from impala_gpu.learning.hogwild import (
     load_shared_optimizer_state,
     make_shared_optimizer,
 )
-from impala_gpu.learning.learner import STAT_NAMES, Batch, NonfiniteGuard, lr_factor, train_step
+from impala_gpu.learning.learner import STAT_NAMES, Batch, Learner, NonfiniteGuard
+from impala_gpu.learning.optim import lr_factor
 from impala_gpu.models import CoreState, Policy, build_model
 from impala_gpu.reporting import health
 from impala_gpu.reporting.run import Resume, Run, StopRule
@@ -203,6 +204,10 @@ def _work(
     grad_groups = health.grad_groups(model)[1] if cfg.health.enabled else None
     # A3C's loss is on-policy n-step returns: V-trace with the importance weights dropped.
     algo = dataclasses.replace(cfg.algo, correction="none")
+    # The step goes to the shared model (HogwildStep), whose input statistics are its own.
+    learner = Learner(
+        model, hogwild, algo, cfg.precision, grad_groups=grad_groups, absorbs_input_stats=False
+    )  # type: ignore[arg-type]
     steps_per_update = cfg.unroll_length * cfg.envs_per_actor
     counters = handles.counters
     # One worker measures health: the weights are shared, and one sample per log line is what
@@ -218,7 +223,7 @@ def _work(
         batch, episodes = rollout.collect(model)
         for group in hogwild.optimizer.param_groups:
             group["lr"] = cfg.algo.learning_rate * lr_factor(cfg, frames)
-        stats = train_step(model, hogwild, batch, algo, cfg.precision, grad_groups).numpy()  # type: ignore[arg-type]
+        stats = learner.update(batch).numpy()
         # The data is on-policy, so the ratios are 1 (up to float noise, which would make the
         # "rho > 1" fractions meaningless): report the exact values.
         stats[_CLIPPED_RHO], stats[_CLIPPED_PG_RHO], stats[_MEAN_RHO] = 0.0, 0.0, 1.0
@@ -258,7 +263,7 @@ class Rollout:
         self.env, self.cfg = env, cfg
         self.envs = EnvStepper(env, cfg, spec, seed)
         self.core: CoreState | None = None  # the model's initial state, on the first collect
-        # One reused buffer: train_step is done with it before the next collect.
+        # One reused buffer: the update is done with it before the next collect.
         self.batch = Batch(
             obs=torch.empty(T + 1, E, *spec.obs_shape, dtype=numpy_to_torch_dtype(spec.obs_dtype)),
             reward=torch.empty(T + 1, E),

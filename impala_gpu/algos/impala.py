@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing as mp
+from torch import Tensor
 
 from impala_gpu.acting.actor import ACTOR_IDLE_NS, ACTOR_STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool, Pool, PoolSetup
@@ -30,7 +31,7 @@ from impala_gpu.config import Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
-from impala_gpu.learning.learner import STAT_NAMES, Learner, build_learner, sgd_steps
+from impala_gpu.learning.learner import STAT_NAMES, Learner, build_learner
 from impala_gpu.reporting import health
 from impala_gpu.reporting.run import Resume, Run, StopRule, say
 from impala_gpu.reporting.telemetry import Telemetry
@@ -214,6 +215,20 @@ def learn(
     book = LogBook(run_start=time.perf_counter())
     stop = StopRule(cfg, bar, start=book.run_start)
     last_log, last = book.run_start, {}
+    late = LateStats()
+
+    def record(read: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        """One update's stats into the telemetry, once they are on the host."""
+        if read is None:
+            return
+        stats_np, lags, replayed = read
+        if learner.nonfinite.tripped(stats_np):
+            # The skipped updates never touched the weights: save them, then stop.
+            raise learner.nonfinite.error(run.save_checkpoint(learner.checkpoint_state()))
+        tele.add_update(
+            stats_np, lags[~replayed], frames_per_update, steps_per_update, lags[replayed]
+        )
+
     try:
         while stop.running(progress.frames, time.perf_counter()):
             t0 = time.perf_counter()
@@ -226,25 +241,24 @@ def learn(
             k, batch = got
             # Decided once, before the step: health is measured on the batch still in hand.
             log_now = _log_due(cfg, stop, progress.frames + frames_per_update, last_log)
-            stats_np = update(cfg, learner, batch, tele, measure_health=log_now)
+            stats = update(learner, batch, tele)
+            if cfg.health.enabled and log_now:
+                tele.health = health.measure(
+                    learner.model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
+                )
             lags = (progress.version - batch.versions).numpy()
-            replayed = batch.replayed.numpy()
             batcher.done(k)
-            if learner.nonfinite.tripped(stats_np):
-                # The skipped updates never touched the weights: save them, then stop.
-                raise learner.nonfinite.error(run.save_checkpoint(learner.checkpoint_state()))
             learner.scheduler.step()
             progress.version += 1
             progress.frames += frames_per_update
-            tele.add_update(
-                stats_np, lags[~replayed], frames_per_update, steps_per_update, lags[replayed]
-            )
+            record(late.swap(stats, lags, batch.replayed.numpy()))
             if progress.version % cfg.publish_interval == 0:
                 data.params.publish(learner.model, progress.version)
 
             now = time.perf_counter()
             done = stop.done(progress.frames, tele, now)
             if log_now or done:
+                record(late.drain())
                 last = log_metrics(cfg, learner, data, run, book, frames_per_step, final=done)
                 bar.update(progress.frames, last)
                 last_log = now
@@ -260,38 +274,40 @@ def learn(
     return last
 
 
-def update(
-    cfg: Config, learner: Learner, batch: Batch, tele: Telemetry, measure_health: bool
-) -> np.ndarray:
-    """One train step on ``batch``; returns its stats (STAT_NAMES order, then per-layer grad
-    norms). Times the step for the busy fraction (on CUDA, with events)."""
+def update(learner: Learner, batch: Batch, tele: Telemetry) -> Tensor:
+    """``learner.update`` on ``batch``, timed for the busy fraction (on CUDA, also with
+    events); its stats stay on the device (``LateStats`` reads them)."""
     t1 = time.perf_counter()
-    model, share, grad_scale, par = learner.model, batch, 1.0, learner.parallel
     timer = _GpuTimer() if batch.obs.is_cuda else None
-    if par is not None:  # learners > 1: this rank trains on its share, DDP averages gradients
-        model, (share, grad_scale) = par.model, par.share(batch)
-    stats = sgd_steps(
-        model,
-        learner.optimizer,
-        share,
-        cfg.algo,
-        cfg.precision,
-        learner.grad_groups,
-        grad_scale,
-        learner.shards,
-        distributed.sum_over_ranks if par is not None else None,
-    )
-    if par is not None:
-        stats = distributed.mean_over_ranks(stats)
+    stats = learner.update(batch)
     if timer is not None:
         tele.window.gpu_events.append(timer.stop())
-    stats_np = stats.cpu().numpy()  # the one host-device sync per update
     tele.window.busy_s += time.perf_counter() - t1
-    if cfg.health.enabled and measure_health:
-        tele.health = health.measure(
-            learner.model, batch.obs, batch.first, batch.core_state, cfg.health.max_states
-        )
-    return stats_np
+    return stats
+
+
+@dataclass
+class LateStats:
+    """An update's stats read one update late: by the time the train loop has queued update
+    n, update n-1 has (nearly) finished, so reading its stats does not stall the device."""
+
+    pending: tuple[Tensor, np.ndarray, np.ndarray] | None = None  # stats, fresh/replayed lags
+
+    def swap(
+        self, stats: Tensor, lags: np.ndarray, replayed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Hold this update's stats; return the previous update's, on the host."""
+        previous = self.drain()
+        self.pending = (stats, lags, replayed)
+        return previous
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The held update's stats on the host (None if none is held)."""
+        if self.pending is None:
+            return None
+        stats, lags, replayed = self.pending
+        self.pending = None
+        return stats.cpu().numpy(), lags, replayed
 
 
 def _log_due(cfg: Config, stop: StopRule, frames_after: int, last_log: float) -> bool:

@@ -66,7 +66,8 @@ def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -
     """Seconds per update at ``[T, B]`` on synthetic data (fresh model and optimizer). With
     ``cfg.learner_shards`` > 1 the update is split over that many one-thread shards, as in a
     run, and ``threads`` is not used."""
-    from impala_gpu.learning.learner import make_optimizer, sgd_steps
+    from impala_gpu.learning.learner import Learner
+    from impala_gpu.learning.optim import make_optimizer
     from impala_gpu.learning.shards import ShardThreads
     from impala_gpu.models import build_model
     from impala_gpu.speed import compile_model
@@ -77,8 +78,10 @@ def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -
     batch = _synthetic_batch(spec, cfg.unroll_length, B, model, device)
     shards = ShardThreads(cfg.learner_shards) if cfg.learner_shards > 1 else None
 
+    learner = Learner(model, optimizer, cfg.algo, precision, shards=shards)
+
     def update() -> None:
-        sgd_steps(model, optimizer, batch, cfg.algo, precision, shards=shards)[0].item()  # sync
+        learner.update(batch)[0].item()  # waits for the device
 
     try:
         with _threads(1 if shards is not None else threads):

@@ -214,8 +214,55 @@ def mean_over_ranks(stats: Tensor) -> Tensor:
     return stats / dist.get_world_size()
 
 
-class DataParallel:
-    """Rank 0's side of ``learners=N``: the DDP-wrapped model, the scatter, the other ranks."""
+class Ranks:
+    """A learner rank's place in the group, as ``Learner.update`` uses it (``learner.Parallel``):
+    the DDP-wrapped model, this rank's share of each batch, rank 0's input statistics, and sums
+    and means over the ranks."""
+
+    def __init__(self, rank: int, cfg: Config, spec, device: torch.device, model: nn.Module):
+        self.rank = rank
+        self.model = wrap(model, device)
+        world = dist.get_world_size()
+        self.scatter = BatchScatter(share_shapes(cfg, spec, world), world, device)
+        self.reduction = cfg.algo.reduction
+
+    def share(self, batch: Batch | None) -> tuple[Batch, float]:
+        """Rank 0 tells the ranks to go on and hands each its share of ``batch``; the others
+        (``batch`` None) receive theirs. Returns this rank's share and its loss scale."""
+        if self.rank == 0:
+            self.scatter.signal(go=True)
+        share = self.scatter.scatter(batch)
+        if batch is not None:
+            share.versions, share.replayed = batch.versions, batch.replayed
+        return share, loss_scale(share, self.reduction)
+
+    def sync_input_stats(self, policy: nn.Module) -> None:
+        """Rank 0's input statistics, merged from the whole batch, to every rank. They are
+        parameters without gradient, which DDP never averages: merged from each rank's own
+        share instead, the ranks' statistics, and then their weights, drift apart."""
+        obs_norm = getattr(policy, "obs_norm", None)
+        if obs_norm is None:
+            return
+        flat = torch.cat([p.detach().reshape(-1) for p in obs_norm.parameters()])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        with torch.no_grad():
+            for p in obs_norm.parameters():
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def sum_moments(self, moments: Tensor) -> Tensor:
+        return sum_over_ranks(moments)
+
+    def mean(self, stats: Tensor) -> Tensor:
+        return mean_over_ranks(stats)
+
+    def close(self) -> None:
+        self.model = None  # the DDP wrapper holds the group until it goes
+
+
+class DataParallel(Ranks):
+    """Rank 0's side of ``learners=N``: ``Ranks``, plus starting and stopping the others."""
 
     def __init__(
         self,
@@ -232,26 +279,16 @@ class DataParallel:
         self.followers = spawn_followers(rdv, cfg) if rdv.init_method != "env://" else []
         join_group(rdv, device, cfg.learner_timeout_s)
         dist.broadcast_object_list([cfg], src=0)  # the resolved config (auto) for every rank
-        self.model = wrap(model, device)
+        super().__init__(0, cfg, spec, device, model)
         sync_optimizer_state(optimizer, scheduler, device)
-        self.scatter = BatchScatter(share_shapes(cfg, spec, rdv.world), rdv.world, device)
-        self.reduction = cfg.algo.reduction
         self.closed = False
-
-    def share(self, batch: Batch) -> tuple[Batch, float]:
-        """Tell the ranks to go on and hand each its share; returns rank 0's, and the scale of
-        its loss (``loss_scale``)."""
-        self.scatter.signal(go=True)
-        share = self.scatter.scatter(batch)
-        share.versions, share.replayed = batch.versions, batch.replayed
-        return share, loss_scale(share, self.reduction)
 
     def close(self) -> None:
         """Stop the other ranks (they leave once told, or once the group breaks)."""
         if self.closed:
             return
         self.closed = True
-        self.model = None  # the DDP wrapper holds the group until it goes
+        super().close()
         if all(p.is_alive() for p in self.followers):
             try:
                 self.scatter.signal(go=False)
@@ -288,7 +325,7 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
     import signal
 
     from impala_gpu.envs import env_spec
-    from impala_gpu.learning.learner import build_learner, sgd_steps
+    from impala_gpu.learning.learner import build_learner
     from impala_gpu.speed import learner_threads
     from impala_gpu.validate import resolve_device
 
@@ -309,23 +346,17 @@ def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
             )
         )
         torch.manual_seed(cfg.seed)
-        learner = build_learner(cfg, spec, device)
-        model = wrap(learner.model, device)
-        sync_optimizer_state(learner.optimizer, learner.scheduler, device)
-        scatter = BatchScatter(share_shapes(cfg, spec, rdv.world), rdv.world, device)
-        while scatter.signal(go=False):  # the flag is rank 0's
-            share = scatter.scatter(None)
-            stats = sgd_steps(
-                model,
-                learner.optimizer,
-                share,
-                cfg.algo,
-                cfg.precision,
-                learner.grad_groups,
-                grad_scale=loss_scale(share, cfg.algo.reduction),
-                moments_reduce=sum_over_ranks,
-            )
-            mean_over_ranks(stats)
+
+        def follower(model, optimizer, scheduler) -> Ranks:
+            ranks = Ranks(rdv.rank, cfg, spec, device, model)  # DDP: rank 0's weights
+            sync_optimizer_state(optimizer, scheduler, device)
+            return ranks
+
+        learner = build_learner(cfg, spec, device, data_parallel=follower)
+        ranks = learner.parallel
+        assert isinstance(ranks, Ranks)
+        while ranks.scatter.signal(go=False):  # the flag is rank 0's
+            learner.update(None)
             learner.scheduler.step()
     finally:
         leave_group()

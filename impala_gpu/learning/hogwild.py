@@ -16,8 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.config import AlgoCfg
-from impala_gpu.learning.learner import make_optimizer
-from impala_gpu.learning.optim import RMSpropTF
+from impala_gpu.learning.optim import RMSpropTF, make_optimizer
 from impala_gpu.validate import ConfigError
 
 # Per-parameter state tensors torch's own lazy init would create (besides "step").

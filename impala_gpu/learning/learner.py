@@ -1,11 +1,14 @@
-"""Learner: the train step (forward, V-trace loss, backward, clipping, the optimizer step), the
-optimizers and the learning-rate schedule. Batches come from ``learning.batcher``.
+"""Learner: one update of the policy on a batch from ``learning.batcher``, read top to bottom in
+``Learner.update`` (epochs of minibatches) and ``Learner.sgd_step`` (forward, V-trace targets and
+loss, backward, clip, step). Nothing in an update reads a device value on the host: the stats
+stay on the device, a non-finite step is skipped on the device (``masked_step``) and minibatch
+indices are drawn there, so a CUDA learner can queue update n+1 while update n runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,7 +20,7 @@ from impala_gpu.channels.ring import STEP_FIELDS
 from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
-from impala_gpu.learning.optim import OPTIMIZERS, RMSpropTF
+from impala_gpu.learning.optim import make_lr_scheduler, make_optimizer
 from impala_gpu.learning.shards import LOSS_STATS, ShardThreads, loss_stats
 from impala_gpu.models import PolicyOutput, build_model
 from impala_gpu.reporting import health
@@ -29,51 +32,6 @@ from impala_gpu.rl.losses import (
     impala_loss,
 )
 from impala_gpu.speed import autocast, compile_model
-
-
-def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
-    if algo.optimizer in ("rmsprop", "rmsprop_tf"):
-        rmsprop = torch.optim.RMSprop if algo.optimizer == "rmsprop" else RMSpropTF
-        return rmsprop(
-            model.parameters(),
-            lr=algo.learning_rate,
-            alpha=algo.rmsprop_alpha,
-            eps=algo.rmsprop_eps,
-            momentum=algo.rmsprop_momentum,
-        )
-    if algo.optimizer == "adam":
-        return torch.optim.Adam(
-            model.parameters(),
-            lr=algo.learning_rate,
-            betas=(algo.adam_beta1, algo.adam_beta2),
-            eps=algo.adam_eps,
-        )
-    raise ValueError(f"algo.optimizer={algo.optimizer!r} is not one of {OPTIMIZERS}.")
-
-
-def lr_factor(cfg: Config, frames: int) -> float:
-    """The learning rate's multiplier after ``frames`` frames: linear decay to 0 over
-    ``algo.lr_decay_frames`` (0: over ``total_frames``, the paper's, which ties the schedule
-    to the budget), or 1 for a constant schedule."""
-    if cfg.algo.lr_schedule == "constant":
-        return 1.0
-    if cfg.algo.lr_schedule != "linear":
-        raise ValueError(
-            f"algo.lr_schedule={cfg.algo.lr_schedule!r} is not 'linear' or 'constant'."
-        )
-    horizon = cfg.algo.lr_decay_frames or cfg.total_frames
-    return max(0.0, 1.0 - frames / max(1, horizon))
-
-
-def make_lr_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: Config, frames_per_update: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """``lr_factor`` per update, as a torch scheduler (its state goes into checkpoints)."""
-    lr_factor(cfg, 0)  # fail early on an unknown schedule
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda update: lr_factor(cfg, update * frames_per_update)
-    )
-
 
 STAT_NAMES = (
     "total_loss",
@@ -95,71 +53,69 @@ assert STAT_NAMES == LOSS_STATS[:_GRAD_NORM] + ("grad_norm",) + LOSS_STATS[_GRAD
 )
 
 
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: Batch,
-    algo: AlgoCfg,
-    precision: str = "fp32",
-    grad_groups: list[list[nn.Parameter]] | None = None,
-    grad_scale: float = 1.0,
-    reference_logits: Tensor | None = None,
-    keep_logits: list[Tensor] | None = None,
-    shards: ShardThreads | None = None,
-    moments_reduce: MomentsReduce | None = None,
+def masked_step(optimizer: torch.optim.Optimizer, finite: Tensor) -> None:
+    """``optimizer.step()`` where the 0-dim bool ``finite`` holds, and no change at all to the
+    weights or the optimizer's state where it does not, without the host reading the flag.
+
+    Fused Adam (the default recipe's, ``optim.make_optimizer``) skips a step on the device
+    given ``found_inf``, as AMP's grad scaler has it do. Other optimizers: on the CPU the flag
+    is already computed, so reading it waits for nothing; on a device the step runs and every
+    tensor it changed is put back where the flag is false."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False) and _fused(optimizer):
+        optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        return
+    if finite.device.type == "cpu":
+        if bool(finite):
+            optimizer.step()
+        return
+    _restoring_step(optimizer, finite)
+
+
+def _restoring_step(optimizer: torch.optim.Optimizer, finite: Tensor) -> None:
+    """The step, then every tensor it changed put back where ``finite`` is false."""
+    before = _state_tensors(optimizer)
+    saved = [t.clone() for t in before]
+    optimizer.step()
+    with torch.no_grad():
+        for t, old in zip(before, saved, strict=True):
+            t.copy_(torch.where(finite, t, old))
+
+
+def _fused(optimizer: torch.optim.Optimizer) -> bool:
+    return all(group.get("fused") for group in optimizer.param_groups)
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The parameters and the per-parameter state a step changes in place, on the device."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = [
+        t
+        for p in params
+        for t in optimizer.state.get(p, {}).values()
+        if isinstance(t, Tensor) and t.device == p.device
+    ]
+    return [p.data for p in params] + state
+
+
+def step_stats(
+    terms: Tensor, grad_norm: Tensor, finite: Tensor, layer_norms: Tensor | None
 ) -> Tensor:
-    """One update on ``batch``. Returns the detached stats in STAT_NAMES order (one tensor,
-    so reading them costs one device sync), followed, when ``grad_groups`` is given, by each
-    group's gradient norm before clipping (``health.layer_grad_norms``).
-
-    ``precision="bf16"`` runs the forward pass under bf16 autocast; V-trace and the loss are
-    computed from fp32 casts of the logits and values, and backward runs outside autocast.
-    ``grad_scale`` multiplies the loss before backward (data-parallel learners with a summed
-    loss, ``learning.distributed``); the reported loss is unscaled. ``reference_logits``
-    ``[T+1, B, A]``: the policy ``ppo_clip`` clips against (see ``impala_loss``); the step's
-    own detached logits ``[T+1, B, A]`` are appended to ``keep_logits`` when it is given.
-    ``shards`` (``learner_shards`` > 1): forward and backward split by trajectory over threads.
-    ``moments_reduce``: this batch is one rank's share of the minibatch (``learners`` > 1);
-    sums the ranks' advantage moments (``impala_loss``'s ``advantage_moments``).
-    """
-
-    def shard_loss(index: Tensor | None, reduce: MomentsReduce | None) -> tuple[LossOutput, Tensor]:
-        share = batch if index is None else minibatch(batch, index)
-        reference = reference_logits
-        if reference is not None and index is not None:
-            reference = reference.index_select(1, index.to(reference.device))
-        return step_loss(model, share, algo, precision, reference, reduce)
-
-    optimizer.zero_grad(set_to_none=True)
-    if shards is None:
-        loss, kept = shard_loss(None, moments_reduce)
-        (loss.total * grad_scale if grad_scale != 1.0 else loss.total).backward()
-        loss_terms = loss_stats(loss)
-    else:
-        params = [p for p in model.parameters() if p.requires_grad]
-        B = batch.obs.shape[1]
-        loss_terms, kept = shards.backward(shard_loss, B, params, algo.reduction, grad_scale)
-    layer_norms = layer_grad_norms(grad_groups) if grad_groups else None
-    max_norm = algo.grad_norm_clip if algo.grad_norm_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    finite = torch.isfinite(grad_norm) & torch.isfinite(loss_terms[0])
-    # A NaN/inf step is skipped, never applied: one sync, paid anyway when stats are read.
-    if bool(finite):
-        optimizer.step()
-    else:
-        optimizer.zero_grad(set_to_none=True)
+    """One SGD step's stats in STAT_NAMES order (``terms``: ``loss_stats``), then each named
+    layer's gradient norm; one tensor on the learner's device, so reading them is one copy."""
     at = _GRAD_NORM  # STAT_NAMES is LOSS_STATS with grad_norm at `at` and nonfinite last
-    stats = torch.cat(
-        [
-            loss_terms[:at],
-            grad_norm.detach().float().reshape(1),
-            loss_terms[at:],
-            (~finite).float().reshape(1),
-        ]
-    )
-    if keep_logits is not None:
-        keep_logits.append(kept)
-    return stats if layer_norms is None else torch.cat([stats, layer_norms.to(stats.device)])
+    parts = [
+        terms[:at],
+        grad_norm.detach().float().reshape(1),
+        terms[at:],
+        (~finite).float().reshape(1),
+    ]
+    if layer_norms is not None:
+        parts.append(layer_norms.to(terms.device))
+    return torch.cat(parts)
 
 
 def step_loss(
@@ -170,11 +126,13 @@ def step_loss(
     reference_logits: Tensor | None = None,
     moments_reduce: MomentsReduce | None = None,
 ) -> tuple[LossOutput, Tensor]:
-    """The loss of ``batch`` (its graph kept for backward) and the policy's detached logits
-    on all its steps ``[T+1, B, A]``. ``reference_logits [T+1, B, A]`` and ``moments_reduce``
-    as in ``train_step``."""
+    """Forward, V-trace targets and loss of ``batch`` (step fields ``[T+1, b]``; the graph kept
+    for backward), and the policy's detached logits on all its steps ``[T+1, b, A]``.
+    ``reference_logits [T+1, b, A]``: what ``ppo_clip`` clips against (``impala_loss``);
+    ``moments_reduce``: this batch is one share of the minibatch, whose advantage moments it
+    sums."""
     out, bootstrap = forward_with_bootstrap(model, batch, precision)
-    logits, values = out.logits.float(), out.value.float()  # [T, B, A], [T, B]
+    logits, values = out.logits.float(), out.value.float()  # [T, b, A], [T, b]
     if reference_logits is not None:
         reference_logits = reference_logits[:-1]  # kept as [T+1]; step T is never read
     elif algo.ppo_clip > 0 and algo.ppo_reference == "first_visit":
@@ -238,7 +196,7 @@ def forward_with_bootstrap(
 
 def minibatch(batch: Batch, index: Tensor) -> Batch:
     """The trajectories ``index`` ``[b]`` of ``batch``: step fields ``[T+1, b, ...]``."""
-    on_device = index.to(batch.obs.device)
+    on_device = index.to(batch.obs.device)  # shards index on the host; a no-op otherwise
     steps = {name: getattr(batch, name).index_select(1, on_device) for name in STEP_FIELDS}
     core = tuple(c.index_select(0, on_device) for c in batch.core_state)
     return Batch(**steps, core_state=core, versions=batch.versions, replayed=batch.replayed)
@@ -250,87 +208,26 @@ def minibatch(batch: Batch, index: Tensor) -> Batch:
 INPUT_STATS_STRIDE = 4
 
 
-def update_input_stats(model: nn.Module, batch: Batch) -> None:
+def absorb_input_stats(model: nn.Module, batch: Batch, replays: bool = False) -> None:
     """Merge a fresh batch's frames into the policy's input statistics, if it keeps any
-    (``model.normalize_input``); replayed frames were counted when they were fresh. Takes
-    steps 1, 1 + ``INPUT_STATS_STRIDE``, ... of ``obs [T+1, B, ...]``: step 0 is the previous
-    unroll's step T, counted with it."""
-    policy = getattr(model, "module", model)  # DistributedDataParallel wraps the policy
-    if getattr(policy, "obs_norm", None) is None:
+    (``model.normalize_input``); with ``replays``, the batch's replayed frames are left out
+    (they were counted when they were fresh). Takes steps 1, 1 + ``INPUT_STATS_STRIDE``, ...
+    of ``obs [T+1, B, ...]``: step 0 is the previous unroll's step T, counted with it."""
+    obs_norm = getattr(model, "obs_norm", None)
+    if obs_norm is None:
         return
     obs = batch.obs[1::INPUT_STATS_STRIDE]  # [ceil(T / stride), B, *obs_shape]
-    if batch.replayed.numel() and bool(batch.replayed.any()):
-        fresh = (~batch.replayed).nonzero().flatten().to(obs.device)
+    if replays:
+        fresh = (~batch.replayed).nonzero().flatten().to(obs.device)  # host-side metadata
         obs = obs.index_select(1, fresh)
-    policy.obs_norm.update(obs)
-
-
-def sgd_steps(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: Batch,
-    algo: AlgoCfg,
-    precision: str = "fp32",
-    grad_groups: list[list[nn.Parameter]] | None = None,
-    grad_scale: float = 1.0,
-    shards: ShardThreads | None = None,
-    moments_reduce: MomentsReduce | None = None,
-) -> Tensor:
-    """``algo.epochs`` passes over ``batch``, each in ``algo.minibatches`` shuffled
-    ``train_step``s over whole trajectories (PPO's sample reuse; each step recomputes V-trace
-    with the current weights). Returns the steps' mean stats, in ``train_step``'s layout; the
-    ``nonfinite`` entry is the fraction of steps skipped. ``shards``, ``moments_reduce``: as in
-    ``train_step``."""
-    update_input_stats(model, batch)
-    if algo.epochs == 1 and algo.minibatches == 1:
-        return train_step(
-            model,
-            optimizer,
-            batch,
-            algo,
-            precision,
-            grad_groups,
-            grad_scale,
-            shards=shards,
-            moments_reduce=moments_reduce,
-        )
-    B = batch.obs.shape[1]
-    # first_visit: each trajectory's logits when the first step of this batch trained on it
-    # (the clip's anchor, so its ratio starts at 1 whatever the actor's lag).
-    first_visit = algo.ppo_clip > 0 and algo.ppo_reference == "first_visit"
-    anchors = torch.empty_like(batch.logits, dtype=torch.float32) if first_visit else None
-    total = None
-    for epoch in range(algo.epochs):
-        for index in torch.randperm(B).tensor_split(algo.minibatches):  # chunk() may give fewer
-            on_device = index.to(batch.obs.device)
-            reference = None
-            if anchors is not None and epoch > 0:
-                reference = anchors.index_select(1, on_device)
-            kept: list[Tensor] | None = [] if anchors is not None and epoch == 0 else None
-            stats = train_step(
-                model,
-                optimizer,
-                minibatch(batch, index),
-                algo,
-                precision,
-                grad_groups,
-                grad_scale,
-                reference,
-                kept,
-                shards,
-                moments_reduce,
-            )
-            if kept:
-                anchors.index_copy_(1, on_device, kept[0].float())
-            total = stats if total is None else total + stats
-    return total / (algo.epochs * algo.minibatches)
+    obs_norm.update(obs)
 
 
 _NONFINITE = STAT_NAMES.index("nonfinite")
 
 
 class NonfiniteGuard:
-    """Counts consecutive NaN/inf updates (``train_step`` skips them, so the weights stay
+    """Counts consecutive NaN/inf updates (``masked_step`` skips them, so the weights stay
     good); ``limit`` in a row is a run that cannot go on."""
 
     def __init__(self, limit: int):
@@ -352,30 +249,136 @@ class NonfiniteGuard:
 
 
 class Parallel(Protocol):
-    """What the train step uses of ``learning.distributed.DataParallel`` (learners > 1, rank 0).
-    A protocol, not an import: ``distributed`` builds its ranks' learners from this module."""
+    """What an update uses of its learner rank's place in ``learners=N``
+    (``learning.distributed.Ranks``). A protocol, not an import: ``distributed`` builds its
+    ranks' learners from this module."""
 
     model: nn.Module  # the DDP-wrapped model
 
-    def share(self, batch: Batch) -> tuple[Batch, float]:
-        """Hand every rank its share of ``batch``; returns this rank's and its loss scale."""
+    def share(self, batch: Batch | None) -> tuple[Batch, float]:
+        """This rank's share of rank 0's ``batch`` (None on the other ranks) and its loss
+        scale."""
         ...
+
+    def sync_input_stats(self, policy: nn.Module) -> None:
+        """Rank 0's input statistics to every rank."""
+        ...
+
+    def sum_moments(self, moments: Tensor) -> Tensor: ...
+
+    def mean(self, stats: Tensor) -> Tensor: ...
 
     def close(self) -> None: ...
 
 
 @dataclass
 class Learner:
-    """The learning side: the model and what updates it."""
+    """The model and what updates it. ``update`` is the one place an update happens: for
+    IMPALA's learner, each of its ``learners=N`` ranks, A3C's workers and the benchmarks."""
 
-    model: torch.nn.Module
+    model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    grad_names: list[str]  # named layers whose gradient norms are reported (health)
-    grad_groups: list | None  # their parameters (health.grad_groups), or None when health is off
-    nonfinite: NonfiniteGuard
-    parallel: Parallel | None = None  # learners > 1 (rank 0): DDP and the batch scatter
+    algo: AlgoCfg
+    precision: str = "fp32"
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+    grad_names: list[str] = field(default_factory=list)  # layers whose grad norms are reported
+    grad_groups: list | None = None  # their parameters (health.grad_groups); None: health off
+    nonfinite: NonfiniteGuard = field(default_factory=lambda: NonfiniteGuard(10))
+    parallel: Parallel | None = None  # learners > 1: DDP, the batch's shares, sums over ranks
     shards: ShardThreads | None = None  # learner_shards > 1: each SGD step split over threads
+    absorbs_input_stats: bool = True  # False: the statistics are someone else's (A3C)
+    replays: bool = False  # batches mix in replayed trajectories (replay.capacity > 0)
+
+    def update(self, batch: Batch | None) -> Tensor:
+        """One update on ``batch`` (step fields ``[T+1, B]``; None on a rank > 0 of
+        ``learners=N``, which gets its share from rank 0): ``algo.epochs`` passes, each of
+        ``algo.minibatches`` shuffled SGD steps over whole trajectories (PPO's sample reuse;
+        each step recomputes V-trace with the current weights).
+
+        Returns the steps' mean stats on the learner's device, in STAT_NAMES order, then the
+        layers' gradient norms; ``nonfinite`` is the fraction of steps skipped. Nothing here
+        waits for the device: the caller reads the stats when it needs them."""
+        if batch is not None and self.absorbs_input_stats:
+            absorb_input_stats(self.model, batch, self.replays)  # the whole batch, rank 0
+        scale, reduce = 1.0, None
+        if self.parallel is not None:  # DDP averages the ranks' gradients in backward
+            batch, scale = self.parallel.share(batch)
+            self.parallel.sync_input_stats(self.model)
+            reduce = self.parallel.sum_moments
+        stats = self.sgd_passes(batch, scale, reduce)
+        return stats if self.parallel is None else self.parallel.mean(stats)
+
+    def sgd_passes(
+        self, batch: Batch, scale: float = 1.0, reduce: MomentsReduce | None = None
+    ) -> Tensor:
+        """``update``'s epochs of minibatches on ``batch``; their mean stats."""
+        algo, B = self.algo, batch.obs.shape[1]
+        if algo.epochs == 1 and algo.minibatches == 1:
+            return self.sgd_step(batch, None, scale, reduce)[0]
+        # first_visit: each trajectory's logits when the first epoch trained on it (the clip's
+        # anchor, so its ratio starts at 1 whatever the actor's lag).
+        first_visit = algo.ppo_clip > 0 and algo.ppo_reference == "first_visit"
+        anchors = torch.empty_like(batch.logits, dtype=torch.float32) if first_visit else None
+        total = None
+        for epoch in range(algo.epochs):
+            # Drawn on the device: indices from the host would be a copy, and a sync, each.
+            order = torch.randperm(B, device=batch.obs.device)
+            for index in order.tensor_split(algo.minibatches):  # chunk() may give fewer
+                reference = None
+                if anchors is not None and epoch > 0:
+                    reference = anchors.index_select(1, index)
+                stats, logits = self.sgd_step(minibatch(batch, index), reference, scale, reduce)
+                if anchors is not None and epoch == 0:
+                    anchors.index_copy_(1, index, logits.float())
+                total = stats if total is None else total + stats
+        return total / (algo.epochs * algo.minibatches)
+
+    def sgd_step(
+        self,
+        batch: Batch,
+        reference_logits: Tensor | None = None,
+        scale: float = 1.0,
+        reduce: MomentsReduce | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Forward, V-trace targets and loss, backward, clip and step on ``batch`` (step
+        fields ``[T+1, b]``); a non-finite step changes nothing. ``reference_logits [T+1, b,
+        A]``: the clip's anchor (``impala_loss``); ``scale`` multiplies the loss before
+        backward (``learners=N``; the reported loss is unscaled). Returns the stats
+        (``step_stats``) and the policy's detached logits ``[T+1, b, A]``."""
+        model = self.model if self.parallel is None else self.parallel.model
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.shards is None:
+            loss, logits = step_loss(
+                model, batch, self.algo, self.precision, reference_logits, reduce
+            )
+            (loss.total * scale if scale != 1.0 else loss.total).backward()
+            terms = loss_stats(loss)
+        else:
+            terms, logits = self._shard_backward(batch, reference_logits, scale)
+        layer_norms = layer_grad_norms(self.grad_groups) if self.grad_groups else None
+        max_norm = self.algo.grad_norm_clip if self.algo.grad_norm_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        finite = torch.isfinite(grad_norm) & torch.isfinite(terms[0])
+        masked_step(self.optimizer, finite)
+        return step_stats(terms, grad_norm, finite, layer_norms), logits
+
+    def _shard_backward(
+        self, batch: Batch, reference_logits: Tensor | None, scale: float
+    ) -> tuple[Tensor, Tensor]:
+        """``learner_shards``: forward and backward of ``batch`` split by trajectory over the
+        shard threads; the grads summed, weighted, into ``.grad``."""
+
+        def shard_loss(index: Tensor, reduce: MomentsReduce) -> tuple[LossOutput, Tensor]:
+            reference = reference_logits
+            if reference is not None:
+                reference = reference.index_select(1, index.to(reference.device))
+            share = minibatch(batch, index)
+            return step_loss(self.model, share, self.algo, self.precision, reference, reduce)
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        assert self.shards is not None
+        B = batch.obs.shape[1]
+        return self.shards.backward(shard_loss, B, params, self.algo.reduction, scale)
 
     def close(self) -> None:
         """Stop the learner's threads and, with learners > 1, the other ranks."""
@@ -386,6 +389,7 @@ class Learner:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The learner's part of a checkpoint (``build_learner``'s ``restore`` loads it back)."""
+        assert self.scheduler is not None
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -410,9 +414,19 @@ def build_learner(
     frames_per_update = fresh_batch_size(cfg) * cfg.unroll_length * spec.frames_per_step
     scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
     grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
-    guard = NonfiniteGuard(cfg.max_nonfinite_updates)
     if restore is not None:
         restore(model, optimizer=optimizer, scheduler=scheduler)
     parallel = data_parallel(model, optimizer, scheduler) if data_parallel is not None else None
-    shards = ShardThreads(cfg.learner_shards) if cfg.learner_shards > 1 else None
-    return Learner(model, optimizer, scheduler, grad_names, grad_groups, guard, parallel, shards)
+    return Learner(
+        model,
+        optimizer,
+        cfg.algo,
+        cfg.precision,
+        scheduler,
+        grad_names,
+        grad_groups,
+        NonfiniteGuard(cfg.max_nonfinite_updates),
+        parallel,
+        ShardThreads(cfg.learner_shards) if cfg.learner_shards > 1 else None,
+        replays=cfg.replay.capacity > 0,
+    )

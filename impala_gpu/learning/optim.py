@@ -17,7 +17,10 @@ TensorFlow starts the mean square at 1 and adds epsilon inside the root::
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.optim import Optimizer
+
+from impala_gpu.config import AlgoCfg, Config
 
 OPTIMIZERS = ("rmsprop", "rmsprop_tf", "adam")  # algo.optimizer
 
@@ -63,3 +66,55 @@ class RMSpropTF(Optimizer):
                 else:
                     p.sub_(step, alpha=lr)
         return loss
+
+
+# Where torch's fused Adam kernels exist.
+FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+
+def make_optimizer(model: nn.Module, algo: AlgoCfg) -> torch.optim.Optimizer:
+    if algo.optimizer in ("rmsprop", "rmsprop_tf"):
+        rmsprop = torch.optim.RMSprop if algo.optimizer == "rmsprop" else RMSpropTF
+        return rmsprop(
+            model.parameters(),
+            lr=algo.learning_rate,
+            alpha=algo.rmsprop_alpha,
+            eps=algo.rmsprop_eps,
+            momentum=algo.rmsprop_momentum,
+        )
+    if algo.optimizer == "adam":
+        device = next(model.parameters()).device
+        return torch.optim.Adam(
+            model.parameters(),
+            lr=algo.learning_rate,
+            betas=(algo.adam_beta1, algo.adam_beta2),
+            eps=algo.adam_eps,
+            # Fused Adam takes ``found_inf``: a non-finite step is skipped on the device,
+            # without the host reading a flag (``learner.masked_step``).
+            fused=device.type in FUSED_ADAM_DEVICES,
+        )
+    raise ValueError(f"algo.optimizer={algo.optimizer!r} is not one of {OPTIMIZERS}.")
+
+
+def lr_factor(cfg: Config, frames: int) -> float:
+    """The learning rate's multiplier after ``frames`` frames: linear decay to 0 over
+    ``algo.lr_decay_frames`` (0: over ``total_frames``, the paper's, which ties the schedule
+    to the budget), or 1 for a constant schedule."""
+    if cfg.algo.lr_schedule == "constant":
+        return 1.0
+    if cfg.algo.lr_schedule != "linear":
+        raise ValueError(
+            f"algo.lr_schedule={cfg.algo.lr_schedule!r} is not 'linear' or 'constant'."
+        )
+    horizon = cfg.algo.lr_decay_frames or cfg.total_frames
+    return max(0.0, 1.0 - frames / max(1, horizon))
+
+
+def make_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: Config, frames_per_update: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``lr_factor`` per update, as a torch scheduler (its state goes into checkpoints)."""
+    lr_factor(cfg, 0)  # fail early on an unknown schedule
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda update: lr_factor(cfg, update * frames_per_update)
+    )

@@ -1,5 +1,5 @@
 """The CUDA learner against the CPU one: the Batcher's device batches (pinned staging, side-stream
-copies, events, double buffering), train_step in fp32 and bf16, and a CLI run's gpu_busy.
+copies, events, double buffering), an update in fp32 and bf16, and a CLI run's gpu_busy.
 
 Every test here needs a CUDA device and is skipped without one (run them on a GPU machine:
 ``scripts/gpu_check.sh``).
@@ -50,7 +50,7 @@ def test_batcher_on_cuda_gives_the_cpu_batches_bit_for_bit(spec):
             assert torch.equal(g[name], c[name]), f"cuda batch {i} differs from cpu: {name}"
 
 
-# --------------------------------------------------------------------------------- train_step
+# ------------------------------------------------------------------------------------ update
 def to_device(batch: Batch, device: str) -> Batch:
     moved = {n: getattr(batch, n).to(device) for n in STEP_FIELDS}
     core = tuple(t.to(device) for t in batch.core_state)

@@ -1,5 +1,6 @@
 """learners=N: two gloo learners on CPU, each on half of a batch, make the update one learner
-makes on the whole batch; and a CartPole run with learners=2 trains and leaves nothing behind."""
+makes on the whole batch, input statistics included, and agree with each other; and a CartPole
+run with learners=2 trains and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from ringdata import random_batch
 
 from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
 from impala_gpu.learning import distributed
-from impala_gpu.learning.learner import train_step
+from impala_gpu.learning.learner import Learner
 from impala_gpu.models import build_model
+from impala_gpu.models.normalize import ObsNormalizer
 from impala_gpu.validate import ConfigError, validate_config
 
 OBS, ACTIONS, T, B, STEPS = (4,), 2, 5, 8, 3
@@ -35,9 +37,14 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.05)
 
 
-def fresh_model(lstm: bool) -> torch.nn.Module:
+def fresh_model(lstm: bool, inputs: bool = False) -> torch.nn.Module:
+    """With ``inputs``, the policy keeps input statistics (the default Atari recipe's
+    ``normalize_input``, here on vectors: the statistics are the same code)."""
     torch.manual_seed(0)
-    return build_model(OBS, ACTIONS, ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm))
+    model = build_model(OBS, ACTIONS, ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm))
+    if inputs:
+        model.obs_norm = ObsNormalizer(OBS)
+    return model
 
 
 def with_core(batch, lstm: bool, seed: int):
@@ -48,21 +55,22 @@ def with_core(batch, lstm: bool, seed: int):
     return dataclasses.replace(batch, core_state=core)
 
 
-def one_learner(reduction: str, lstm: bool, normalize: bool) -> list[torch.Tensor]:
-    model = fresh_model(lstm)
-    opt = sgd(model)
+def one_learner(reduction: str, lstm: bool, normalize: bool, inputs: bool) -> list[torch.Tensor]:
+    model = fresh_model(lstm, inputs)
+    lrn = Learner(model, sgd(model), algo(reduction, normalize))
     for step in range(STEPS):
-        batch = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
-        train_step(model, opt, batch, algo(reduction, normalize))
+        lrn.update(with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step))
     return [p.detach().clone() for p in model.parameters()]
 
 
-# (reduction, lstm, normalize_advantages): normalised over the whole batch, not per share
+# (reduction, lstm, normalize_advantages, normalize_input): advantages normalised over the whole
+# batch, not per share; input statistics merged from the whole batch, the same on every rank
 CASES = [
-    ("mean", False, False),
-    ("sum", False, False),
-    ("mean", True, False),
-    ("mean", False, True),
+    ("mean", False, False, False),
+    ("sum", False, False, False),
+    ("mean", True, False, False),
+    ("mean", False, True, False),
+    ("mean", False, False, True),
 ]
 
 
@@ -72,41 +80,32 @@ def rank_main(rank: int, world: int, init_method: str, out) -> None:
     device = torch.device("cpu")
     distributed.join_group(rdv, device, timeout_s=60)
     try:
-        for reduction, lstm, normalize in CASES:
-            params = train_as_rank(rank, world, device, reduction, lstm, normalize)
-            if rank == 0:
-                out.put(params)
+        for case in CASES:
+            out.put((rank, case, train_as_rank(rank, device, *case)))
     finally:
         distributed.leave_group()
 
 
 def train_as_rank(
-    rank: int, world: int, device, reduction: str, lstm: bool, normalize: bool
+    rank: int, device, reduction: str, lstm: bool, normalize: bool, inputs: bool
 ) -> list:
-    model = fresh_model(lstm)
+    model = fresh_model(lstm, inputs)
     with torch.no_grad():  # a different start on rank 1: DDP must broadcast rank 0's
         for p in model.parameters():
             p.add_(rank)
-    opt = sgd(model)
-    ddp = distributed.wrap(model, device)
     cfg = Config(env=EnvCfg(id="CartPole-v1"), unroll_length=T, batch_size=B)
     cfg.model = ModelCfg(name="mlp", hidden_size=16, use_lstm=lstm)
-    shapes = distributed.share_shapes(cfg, distributed_spec(), world)
-    scatter = distributed.BatchScatter(shapes, world, device)
-    for step in range(STEPS):
-        assert scatter.signal(go=True)
-        full = with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step)
-        share = scatter.scatter(full if rank == 0 else None)
-        scale = distributed.loss_scale(share, reduction)
-        train_step(
-            ddp,
-            opt,
-            share,
-            algo(reduction, normalize),
-            grad_scale=scale,
-            moments_reduce=distributed.sum_over_ranks,
-        )
-    assert not scatter.signal(go=False)
+    cfg.algo = algo(reduction, normalize)
+    ranks = distributed.Ranks(rank, cfg, distributed_spec(), device, model)
+    lrn = Learner(model, sgd(model), cfg.algo, parallel=ranks)
+    if rank == 0:
+        for step in range(STEPS):
+            lrn.update(with_core(random_batch(OBS, ACTIONS, T=T, B=B, seed=step), lstm, step))
+        ranks.scatter.signal(go=False)
+    else:
+        while ranks.scatter.signal(go=False):  # the flag is rank 0's
+            lrn.update(None)
+    ranks.close()
     return [p.detach().numpy().copy() for p in model.parameters()]  # by value
 
 
@@ -124,29 +123,32 @@ def test_two_learners_at_half_batch_make_one_learners_update():
     for p in procs:
         p.start()
     try:
-        got = [out.get(timeout=120) for _ in CASES]
+        got = [out.get(timeout=120) for _ in range(2 * len(CASES))]
     finally:
         for p in procs:
             p.join(timeout=60)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    for (reduction, lstm, normalize), params in zip(CASES, got, strict=True):
-        want = one_learner(reduction, lstm, normalize)
-        start = dict(fresh_model(lstm).named_parameters())
+    by_rank = {(rank, case): params for rank, case, params in got}
+    for case in CASES:
+        reduction, lstm, normalize, inputs = case
+        want = one_learner(*case)
+        start = dict(fresh_model(lstm, inputs).named_parameters())
         moved = max(
             float((w - s.detach()).abs().max()) for w, s in zip(want, start.values(), strict=True)
         )
         assert moved > 1e-3, "the updates did not move anything"
-        for name, g, w in zip(start, params, want, strict=True):
-            torch.testing.assert_close(
-                torch.from_numpy(g),
-                w,
-                # fp32 all-reduce sums in another order than one backward: 1e-8 to 1e-7 here
-                # (Xeon), against moves of 1.4e-2 (mean) and 0.75 (sum); a doubled loss scale
-                # puts the ranks a whole move off
-                rtol=1e-5,
-                atol=1e-6,
-                msg=lambda m, case=(reduction, lstm, normalize, name): f"{case}: {m}",
-            )
+        for rank in (0, 1):
+            for name, g, w in zip(start, by_rank[rank, case], want, strict=True):
+                torch.testing.assert_close(
+                    torch.from_numpy(g),
+                    w,
+                    # fp32 all-reduce sums in another order than one backward: 1e-8 to 1e-7
+                    # here (Xeon), against moves of 1.4e-2 (mean) and 0.75 (sum); a doubled
+                    # loss scale puts the ranks a whole move off
+                    rtol=1e-5,
+                    atol=1e-6,
+                    msg=lambda m, c=case, n=name, r=rank: f"rank {r}, {c}, {n}: {m}",
+                )
 
 
 # A fresh interpreter: once any test has imported torch._dynamo, the leak cannot show.

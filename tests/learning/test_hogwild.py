@@ -15,7 +15,7 @@ from impala_gpu.learning.hogwild import (
     load_shared_optimizer_state,
     make_shared_optimizer,
 )
-from impala_gpu.learning.learner import make_optimizer
+from impala_gpu.learning.optim import make_optimizer
 from impala_gpu.models import build_model
 from impala_gpu.validate import ConfigError
 

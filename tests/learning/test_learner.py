@@ -42,31 +42,36 @@ def test_minibatch_takes_the_indexed_trajectories() -> None:
     torch.testing.assert_close(sub.action[:, 0], batch.action[:, 4])
 
 
-def test_one_pass_one_minibatch_is_one_train_step() -> None:
+def sgd(model: torch.nn.Module, algo: AlgoCfg) -> learner.Learner:
+    return learner.Learner(model, learner.make_optimizer(model, algo), algo)
+
+
+def spy_steps(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """Each SGD step's (trajectory keys, clip anchor, returned logits), and its stats."""
+    calls: list = []
+    real = learner.Learner.sgd_step
+
+    def spy(self, batch, reference=None, *rest):
+        stats, logits = real(self, batch, reference, *rest)
+        calls.append((batch.obs[0, :, 0].clone(), reference, logits, stats))
+        return stats, logits
+
+    monkeypatch.setattr(learner.Learner, "sgd_step", spy)
+    return calls
+
+
+def test_one_pass_one_minibatch_is_one_sgd_step() -> None:
     algo = AlgoCfg(optimizer="adam", learning_rate=1e-2, reduction="mean")
     weights = []
-    for step in (learner.train_step, learner.sgd_steps):
+    for update in (lambda lrn, b: lrn.sgd_step(b), lambda lrn, b: lrn.update(b)):
         model = make_model()
-        step(model, learner.make_optimizer(model, algo), make_batch(), algo)
+        update(sgd(model, algo), make_batch())
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(weights[0], weights[1])
 
 
 def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypatch) -> None:
-    calls: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
-    real = learner.train_step
-
-    def spy(model, optimizer, batch, algo, precision, groups, scale, reference, keep, *rest):
-        mine: list[torch.Tensor] = []
-        stats = real(
-            model, optimizer, batch, algo, precision, groups, scale, reference, mine, *rest
-        )
-        calls.append((batch.obs[0, :, 0].clone(), reference, mine[0]))
-        if keep is not None:
-            keep.extend(mine)
-        return stats
-
-    monkeypatch.setattr(learner, "train_step", spy)
+    calls = spy_steps(monkeypatch)
     algo = AlgoCfg(
         optimizer="adam",
         learning_rate=1e-2,
@@ -76,11 +81,10 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
         ppo_clip=0.1,
         ppo_reference="first_visit",
     )
-    model = make_model()
-    learner.sgd_steps(model, learner.make_optimizer(model, algo), make_batch(), algo)
-    first = {float(k): logits[:, j] for key, _, logits in calls[:2] for j, k in enumerate(key)}
-    assert all(reference is None for _, reference, _ in calls[:2])
-    for key, reference, logits in calls[2:]:
+    sgd(make_model(), algo).update(make_batch())
+    first = {float(k): logits[:, j] for key, _, logits, _ in calls[:2] for j, k in enumerate(key)}
+    assert all(reference is None for _, reference, _, _ in calls[:2])
+    for key, reference, logits, _ in calls[2:]:
         for j, k in enumerate(key):
             torch.testing.assert_close(reference[:, j], first[float(k)])
             assert not torch.allclose(logits[:, j], first[float(k)])  # the weights moved
@@ -88,14 +92,7 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
 
 @pytest.mark.parametrize("reference", ["behavior", "first_visit"])
 def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, reference) -> None:
-    seen: list[torch.Tensor] = []
-    real = learner.train_step
-
-    def spy(model, optimizer, batch, *args, **kwargs):
-        seen.append(batch.obs[0, :, 0].clone())
-        return real(model, optimizer, batch, *args, **kwargs)
-
-    monkeypatch.setattr(learner, "train_step", spy)
+    calls = spy_steps(monkeypatch)
     algo = AlgoCfg(
         optimizer="adam",
         reduction="mean",
@@ -104,9 +101,9 @@ def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, refer
         ppo_clip=0.1,
         ppo_reference=reference,
     )
-    model = make_model()
     batch = make_batch()
-    stats = learner.sgd_steps(model, learner.make_optimizer(model, algo), batch, algo)
+    stats = sgd(make_model(), algo).update(batch)
+    seen = [key for key, *_ in calls]
     assert len(seen) == 6 and all(len(s) == B // 2 for s in seen)
     for epoch in range(3):  # each pass covers the batch once, in a shuffled order
         covered = torch.cat(seen[2 * epoch : 2 * epoch + 2]).sort().values
@@ -155,7 +152,7 @@ def test_input_stats_take_every_fourth_step_after_the_carried_one_of_fresh_traje
         logits=torch.zeros(T1, n, A),
         replayed=torch.tensor([False, True, False]),
     )
-    learner.update_input_stats(model, batch)
+    learner.absorb_input_stats(model, batch, replays=True)
     expected = ObsNormalizer((4, 84, 84))
     expected.update(obs[[1, 5, 9]][:, [0, 2]])
     assert model.obs_norm.count.item() == pytest.approx(expected.count.item())
@@ -164,7 +161,7 @@ def test_input_stats_take_every_fourth_step_after_the_carried_one_of_fresh_traje
 
 
 def _full_forward_gradients(model, batch: Batch, algo: AlgoCfg) -> list[torch.Tensor]:
-    """The loss's gradient from one forward pass over all T+1 steps, as ``train_step`` did
+    """The loss's gradient from one forward pass over all T+1 steps, as the SGD step did
     before it left the bootstrap observation out of backward."""
     out = model(batch.obs, batch.first, batch.core_state)
     logits, values = out.logits, out.value
@@ -197,32 +194,23 @@ def test_the_bootstrap_step_leaves_the_gradient_as_a_full_forward_gives_it(lstm,
         g = torch.Generator().manual_seed(1)
         batch.core_state = (torch.randn(B, 8, generator=g), torch.randn(B, 8, generator=g))
     expected = _full_forward_gradients(model, batch, algo)
-    kept: list[torch.Tensor] = []
-    learner.train_step(model, learner.make_optimizer(model, algo), batch, algo, keep_logits=kept)
+    _, kept = sgd(model, algo).sgd_step(batch)
     for p, want in zip(model.parameters(), expected, strict=True):
         torch.testing.assert_close(p.grad, want)
     # The kept logits cover o_T too (the anchors' layout, [T+1, B, A]) and are the policy's.
     with torch.no_grad():
         full = model(batch.obs, batch.first, batch.core_state).logits
-    torch.testing.assert_close(kept[0], full)
+    torch.testing.assert_close(kept, full)
 
 
 def test_every_pass_takes_minibatches_steps_when_they_do_not_divide_the_batch(monkeypatch) -> None:
     # B=6 in 4 minibatches: 2, 2, 1, 1 trajectories (chunk() would make 3 steps of 2)
-    seen: list[list[int]] = []
-    returned: list[torch.Tensor] = []
-    real = learner.train_step
-
-    def spy(model, optimizer, batch, *rest):
-        seen.append(batch.obs[0, :, 0].tolist())
-        returned.append(real(model, optimizer, batch, *rest))
-        return returned[-1]
-
-    monkeypatch.setattr(learner, "train_step", spy)
+    calls = spy_steps(monkeypatch)
     algo = AlgoCfg(optimizer="adam", learning_rate=1e-2, reduction="mean", epochs=2, minibatches=4)
-    model, batch = make_model(), make_batch()
-    stats = learner.sgd_steps(model, learner.make_optimizer(model, algo), batch, algo)
+    batch = make_batch()
+    stats = sgd(make_model(), algo).update(batch)
+    seen = [key.tolist() for key, *_ in calls]
     assert sorted(len(s) for s in seen) == [1, 1, 1, 1, 2, 2, 2, 2]
     for epoch in (seen[:4], seen[4:]):  # each pass visits every trajectory once
         assert sorted(x for s in epoch for x in s) == sorted(batch.obs[0, :, 0].tolist())
-    torch.testing.assert_close(stats, torch.stack(returned).mean(0))
+    torch.testing.assert_close(stats, torch.stack([c[3] for c in calls]).mean(0))

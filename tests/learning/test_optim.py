@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from impala_gpu.config import AlgoCfg
-from impala_gpu.learning.learner import make_optimizer
-from impala_gpu.learning.optim import RMSpropTF
+from impala_gpu.learning.optim import RMSpropTF, make_optimizer
 
 
 def _two_steps(opt_factory, grads):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from impala_gpu.config import AlgoCfg, Config
-from impala_gpu.learning.learner import lr_factor, make_lr_scheduler
+from impala_gpu.learning.optim import lr_factor, make_lr_scheduler
 
 
 def cfg(total: int, schedule: str = "linear", decay: int = 0) -> Config:

@@ -67,17 +67,10 @@ def test_a_sharded_step_is_the_whole_minibatch_step(threads, reduction, count, n
     results = []
     for shards in (None, threads(count)):
         model = make_model()
-        kept: list[torch.Tensor] = []
-        stats = learner.train_step(
-            model,
-            learner.make_optimizer(model, algo),
-            make_batch(),
-            algo,
-            keep_logits=kept,
-            shards=shards,
-        )
+        lrn = learner.Learner(model, learner.make_optimizer(model, algo), algo, shards=shards)
+        stats, kept = lrn.sgd_step(make_batch())
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        results.append((stats, grads, flat_weights(model), kept[0]))
+        results.append((stats, grads, flat_weights(model), kept))
     (stats, grads, weights, kept), (s_stats, s_grads, s_weights, s_kept) = results
     torch.testing.assert_close(s_grads, grads, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(s_weights, weights, rtol=1e-5, atol=1e-6)
@@ -94,7 +87,8 @@ def test_a_sharded_lstm_step_carries_each_trajectorys_core_state(threads) -> Non
         batch = dataclasses.replace(
             make_batch(), core_state=tuple(torch.randn_like(c) for c in model.initial_state(B))
         )
-        learner.train_step(model, learner.make_optimizer(model, algo), batch, algo, shards=shards)
+        lrn = learner.Learner(model, learner.make_optimizer(model, algo), algo, shards=shards)
+        lrn.sgd_step(batch)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
 
@@ -114,8 +108,8 @@ def test_sample_reuse_with_first_visit_anchors_matches_unsharded(threads) -> Non
     for shards in (None, threads(2)):
         model = make_model()
         torch.manual_seed(3)  # the same minibatch order
-        learner.sgd_steps(
-            model, learner.make_optimizer(model, algo), make_batch(), algo, shards=shards
+        learner.Learner(model, learner.make_optimizer(model, algo), algo, shards=shards).update(
+            make_batch()
         )
         weights.append(flat_weights(model))
     torch.testing.assert_close(weights[1], weights[0], rtol=1e-5, atol=1e-6)
@@ -125,6 +119,7 @@ def test_sample_reuse_with_first_visit_anchors_matches_unsharded(threads) -> Non
 def test_a_failing_shard_raises_its_own_error_and_frees_the_others(threads) -> None:
     algo = AlgoCfg(normalize_advantages=True)
     model, pool = make_model(), threads(3)
+    lrn = learner.Learner(model, learner.make_optimizer(model, algo), algo, shards=pool)
     real = learner.step_loss
 
     def second_shard_fails(model, batch, *args):
@@ -135,12 +130,10 @@ def test_a_failing_shard_raises_its_own_error_and_frees_the_others(threads) -> N
     learner.step_loss, restore = second_shard_fails, real
     try:
         with pytest.raises(RuntimeError, match="shard failed"):  # not a broken barrier
-            learner.train_step(
-                model, learner.make_optimizer(model, algo), make_batch(), algo, shards=pool
-            )
+            lrn.sgd_step(make_batch())
     finally:
         learner.step_loss = restore
-    learner.train_step(model, learner.make_optimizer(model, algo), make_batch(), algo, shards=pool)
+    lrn.sgd_step(make_batch())
 
 
 def test_shard_weights_against_counting_by_hand() -> None:

@@ -27,9 +27,9 @@ from impala_gpu.config import AlgoCfg, ModelCfg
 from impala_gpu.learning.learner import (
     STAT_NAMES,
     Batch,
+    Learner,
     NonfiniteGuard,
     make_optimizer,
-    train_step,
 )
 from impala_gpu.models import build_model
 from impala_gpu.reporting.checkpoint import (
@@ -182,10 +182,11 @@ def test_nonfinite_update_is_skipped_not_applied():
     model = build_model((4,), 2, ModelCfg(name="mlp", hidden_size=16))
     opt = make_optimizer(model, AlgoCfg())
     before = [p.detach().clone() for p in model.parameters()]
-    stats = train_step(model, opt, _batch(nan_reward=True), AlgoCfg())
+    learner = Learner(model, opt, AlgoCfg())
+    stats = learner.update(_batch(nan_reward=True))
     assert stats[STAT_NAMES.index("nonfinite")] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    stats = train_step(model, opt, _batch(), AlgoCfg())
+    stats = learner.update(_batch())
     assert stats[STAT_NAMES.index("nonfinite")] == 0
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
