@@ -26,6 +26,7 @@ from impala_gpu.acting.actor import ACTOR_IDLE_NS, ACTOR_STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool, Pool, PoolSetup
 from impala_gpu.calibration import measured_alternatives
 from impala_gpu.channels.params import ParamStore
+from impala_gpu.channels.publisher import ParamPublisher
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
 from impala_gpu.config import Config, fresh_batch_size
 from impala_gpu.envs import EnvSpec, env_spec
@@ -104,6 +105,7 @@ class DataPath:
     handles: ActorHandles
     pool: Pool  # acting.pool.ActorPool, or acting.ray_pool.RayActorPool (runtime=ray)
     batcher: Batcher
+    publisher: ParamPublisher  # the per-update publishes, written into ``params`` by a thread
 
     @classmethod
     def build(
@@ -121,7 +123,7 @@ class DataPath:
         params = ParamStore.for_model(
             learner.model, history=(cfg.bounded_lag + 2) if bounded else 1
         )
-        params.publish(learner.model, version=progress.version)
+        params.publish(learner.model, version=progress.version)  # synchronous: actors start from it
         handles = ActorHandles.create(ctx, ring, params, cfg.num_actors, progress.version)
         # A resumed run must not replay the trajectories it already learned from (salt).
         setup = PoolSetup(cfg, spec, handles, slots, progress.resumes, run.tele, run.on_event)
@@ -145,20 +147,25 @@ class DataPath:
             replay_capacity=cfg.replay.capacity,
             seed=cfg.seed,
         )
-        return cls(ring, slots, params, handles, pool, batcher)
+        publisher = ParamPublisher(params, device)  # bounded lag (history > 1): every version
+        return cls(ring, slots, params, handles, pool, batcher, publisher)
 
     def start(self) -> None:
         self.pool.start()
         self.batcher.start()
 
     def close(self) -> None:
-        """Stop the actors and the batcher and free the ring. Idempotent; on every exit path."""
+        """Stop the actors and the batcher, free the ring, write the last published weights and
+        join the publisher thread (re-raising its error). Idempotent; on every exit path."""
         self.handles.stop.set()
-        if self.batcher.is_alive():
-            self.batcher.stop()
-        self.pool.join()
-        self.handles.messages.cancel_join_thread()
-        self.ring.close()
+        try:
+            if self.batcher.is_alive():
+                self.batcher.stop()
+            self.pool.join()
+            self.handles.messages.cancel_join_thread()
+            self.ring.close()
+        finally:  # last, and whatever happened above: no publisher thread outlives the run
+            self.publisher.close()
 
 
 def announce_start(run: Run, cfg: Config, device: torch.device, threads: int) -> None:
@@ -253,7 +260,7 @@ def learn(
             progress.frames += frames_per_update
             record(late.swap(stats, lags, batch.replayed.numpy()))
             if progress.version % cfg.publish_interval == 0:
-                data.params.publish(learner.model, progress.version)
+                data.publisher.publish(learner.model, progress.version)  # no device sync
 
             now = time.perf_counter()
             done = stop.done(progress.frames, tele, now)

@@ -6,6 +6,9 @@ actor never runs with a half-written copy.
 
 ``history`` > 1 keeps the last ``history`` versions (slot ``version % history``), which is what
 the bounded-lag mode needs to hand an actor an exact, older version deterministically.
+
+The learner's per-update publishes go through ``channels.publisher.ParamPublisher``, whose
+thread is then the store's one writer: a CUDA learner doesn't wait for the copy to the host.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ import torch
 from torch import Tensor, nn
 
 
-def flat_parameters(model: nn.Module) -> Tensor:
-    """All parameters as one vector, in logical (NCHW) element order whatever the memory format
-    (``parameters_to_vector`` can't view channels_last weights)."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+def flat_parameters(model: nn.Module, out: Tensor | None = None) -> Tensor:
+    """All parameters as one vector ``[num_params]``, in logical (NCHW) element order whatever
+    the memory format (``parameters_to_vector`` can't view channels_last weights).
+
+    ``out``, a ``[num_params]`` tensor on the parameters' device, receives them instead of a new
+    tensor (one kernel on CUDA, queued on the current stream like any other op).
+    """
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()], out=out)
 
 
 class ParamStore:
@@ -47,7 +54,7 @@ class ParamStore:
     def publish_flat(self, flat: Tensor, version: int) -> None:
         k = version % self.history
         self.seq[k] += 1  # odd: writing
-        self.flat[k].copy_(flat)  # synchronous, also from CUDA
+        self.flat[k].copy_(flat)  # synchronous, also from CUDA: ParamPublisher calls it off-path
         self.ver[k] = version
         self.seq[k] += 1  # even: stable
         self.latest[0] = version
