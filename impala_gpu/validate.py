@@ -9,9 +9,11 @@ import torch
 
 from impala_gpu.config import AUTO, Config, auto_keys, fresh_batch_size
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
+from impala_gpu.learning.distributed import learners_on_this_box
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
 from impala_gpu.reporting.logger import WANDB_MODES
+from impala_gpu.resources import validate_shared_memory, visible_devices
 from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
 from impala_gpu.speed import PRECISIONS
 
@@ -26,17 +28,33 @@ def _require(ok: bool, msg: str) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto``: cuda when present, else cpu. ``cuda`` without CUDA is an error, not a fallback."""
+    """``auto``: cuda when present, else cpu. ``cuda`` without CUDA is an error, not a fallback,
+    and so is ``cuda:N`` past the last visible GPU (it would fail later, at ``.to(device)``)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            parsed = torch.device("cpu")  # not a CUDA device string: the error below
+        _require(
+            parsed.type == "cuda",
+            f"device={device!r} is not one of auto, cpu, cuda, cuda:N. Fix: device=cuda:0.",
+        )
         _require(
             torch.cuda.is_available(),
             f"device={device} but CUDA is not available (torch {torch.__version__}, "
-            f"built with CUDA {torch.version.cuda}). Fix: device=auto or device=cpu, or install "
-            "a CUDA build of torch.",
+            f"built with CUDA {torch.version.cuda}; devices here: {visible_devices()}). Fix: "
+            "device=auto or device=cpu, or install a CUDA build of torch.",
         )
-        return torch.device(device)
+        count = torch.cuda.device_count()
+        _require(
+            parsed.index is None or parsed.index < count,
+            f"device={device} but this machine has {count} visible CUDA device(s): "
+            f"{visible_devices()}. Fix: device=cuda:{count - 1} or lower (or device=cuda, the "
+            "first), or make that GPU visible (CUDA_VISIBLE_DEVICES).",
+        )
+        return parsed
     _require(device == "cpu", f"device={device!r} is not one of auto, cpu, cuda, cuda:N.")
     return torch.device("cpu")
 
@@ -72,12 +90,13 @@ def min_num_slots(cfg: Config) -> int:
 
 
 def resolve_num_slots(cfg: Config) -> int:
-    """``num_slots``, or the auto size for 0 (call after ``validate_config``)."""
+    """``num_slots``, or the auto size for 0 (an ``auto`` count as 1, its least, as in
+    ``min_num_slots``; a resolved config has none)."""
     if cfg.num_slots:
         return cfg.num_slots
     ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2
     # Room for every env to run one unroll ahead while batches are assembled.
-    return ahead * cfg.batch_size + 2 * cfg.num_actors * cfg.envs_per_actor
+    return ahead * cfg.batch_size + 2 * _count(cfg.num_actors) * _count(cfg.envs_per_actor)
 
 
 def validate_replay(cfg: Config) -> None:
@@ -181,6 +200,18 @@ def validate_learners(cfg: Config) -> None:
     """``learners=N``: data-parallel learners, each on its share of every batch."""
     n = cfg.learners
     _require(n >= 1, f"learners={n} must be >= 1 (1: one learner process).")
+    local, key = learners_on_this_box(cfg)  # learners, or torchrun's processes per node
+    if local > 1 and resolve_device(cfg.device).type == "cuda":
+        # learning.distributed puts rank r on GPU r % device_count and joins with NCCL (the
+        # backend on CUDA), which cannot run two ranks on one GPU: the first collective fails.
+        gpus = torch.cuda.device_count()
+        _require(
+            local <= gpus,
+            f"{key} on device={cfg.device}: every learner is an NCCL rank that needs a GPU of "
+            f"its own, and this machine has {gpus} visible ({visible_devices()}). Fix: "
+            f"{'learners' if key.startswith('learners') else '--nproc-per-node'}={gpus}, or "
+            "device=cpu (the gloo backend: the learners share the CPU).",
+        )
     if n == 1:
         return
     _require(
@@ -391,3 +422,5 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         f"start_method={cfg.start_method!r}: use spawn or forkserver.",
     )
     resolve_device(cfg.device)
+    if cfg.algo.name != "a3c":  # A3C's workers share a model, not a ring
+        validate_shared_memory(cfg)

@@ -53,6 +53,16 @@ def torchrun_rendezvous() -> Rendezvous | None:
     return Rendezvous(int(os.environ["RANK"]), world, "env://")
 
 
+def learners_on_this_box(cfg: Config) -> tuple[int, str]:
+    """How many learner processes share this machine's GPUs, and the setting that made it so:
+    ``learners``, or under torchrun its processes per node (``LOCAL_WORLD_SIZE``)."""
+    rdv = torchrun_rendezvous()
+    if rdv is None:
+        return cfg.learners, f"learners={cfg.learners}"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", rdv.world))
+    return local, f"torchrun --nproc-per-node={local}"
+
+
 def rendezvous(cfg: Config) -> Rendezvous | None:
     """This process's place among ``learners`` learners: torchrun's, or rank 0 of
     ``cfg.learners`` on this box; None for a single learner."""
@@ -85,6 +95,19 @@ def learner_device(device: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", local % torch.cuda.device_count())
 
 
+def use_device(device: torch.device) -> None:
+    """Make a CUDA ``device`` with an index this process's current device.
+
+    Call it in the learner process before anything touches CUDA: the timers' events, the
+    telemetry's memory readings, the batcher's side stream and every ``torch.cuda`` call
+    without a device take the current one, which is cuda:0 until set, so ``device=cuda:1``
+    would put the model on cuda:1 and time and measure cuda:0. ``cuda`` without an index is
+    the current device already (and ``set_device`` wants an index); the CPU needs nothing.
+    """
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 def join_group(rdv: Rendezvous, device: torch.device, timeout_s: float) -> None:
     # DDP imports torch._dynamo. Imported after the group exists, it keeps a reference to the
     # group that destroy_process_group cannot drop, so gloo's worker threads outlive it into
@@ -93,8 +116,7 @@ def join_group(rdv: Rendezvous, device: torch.device, timeout_s: float) -> None:
     import torch._dynamo  # noqa: F401
 
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    use_device(device)  # learner_device's, which has an index
     dist.init_process_group(
         backend,
         init_method=rdv.init_method,

@@ -12,18 +12,29 @@ produce is detached. The only exception is ``target_action_log_probs`` returned 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "RECURSIONS",
     "VTraceFromLogitsReturns",
     "VTraceReturns",
     "action_log_probs",
+    "backward_recursion",
     "from_importance_weights",
     "from_logits",
+    "recursion_for",
 ]
+
+# How the backward recursion runs: "auto" picks by device (``recursion_for``); "loop" and
+# "blocked" force one (tests compare them on any device).
+RECURSIONS = ("auto", "loop", "blocked")
+# Steps per block of the blocked path: its [L, L, N] matrices cost L x the loop's flops and
+# memory, which a GPU does not notice at L=128 (T=64, B=256: 4 MB); T > L takes T/L blocks.
+BLOCK = 128
 
 
 class VTraceReturns(NamedTuple):
@@ -70,6 +81,7 @@ def from_importance_weights(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    recursion: str = "auto",
 ) -> VTraceReturns:
     """V-trace targets and advantages from log importance weights.
 
@@ -83,16 +95,19 @@ def from_importance_weights(
         clip_rho_threshold: ``rho_bar`` for the value targets; ``None`` disables clipping.
         clip_pg_rho_threshold: ``rho_bar`` for the pg advantages; ``None`` disables it.
         lambda_: Trace mixing coefficient; ``c_t = lambda_ * min(1, rho_t)``.
+        recursion: How the backward recursion over T runs (:func:`backward_recursion`):
+            ``"auto"`` (by device), ``"loop"`` or ``"blocked"``.
 
     Returns:
         :class:`VTraceReturns` with float32 ``vs`` and ``pg_advantages`` of shape
         ``[T, B, ...]``. Neither carries gradient.
 
     Raises:
-        ValueError: on rank/shape mismatches, negative thresholds or ``lambda_``
-            outside ``[0, 1]``.
+        ValueError: on rank/shape mismatches, negative thresholds, ``lambda_``
+            outside ``[0, 1]`` or an unknown ``recursion``.
     """
     _check_shapes(log_rhos, discounts, rewards, values, bootstrap_value)
+    _check_recursion(recursion)
     _check_threshold("clip_rho_threshold", clip_rho_threshold)
     _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
     if not 0.0 <= lambda_ <= 1.0:
@@ -113,13 +128,9 @@ def from_importance_weights(
         values_tp1 = torch.cat([values_t[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = clipped_rhos * (rewards_t + discounts_t * values_tp1 - values_t)
 
-        # Backward recursion vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})).
-        # T is small (tens of steps), so a Python loop is cheaper than a scan kernel.
-        vs_minus_v = torch.empty_like(deltas)
-        acc = torch.zeros_like(bootstrap_value)
-        for t in range(deltas.shape[0] - 1, -1, -1):
-            acc = deltas[t] + discounts_t[t] * cs[t] * acc
-            vs_minus_v[t] = acc
+        # vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})), backwards from T: a
+        # Python loop on the CPU, blocked matmuls on a GPU (recursion_for says why).
+        vs_minus_v = backward_recursion(deltas, discounts_t * cs, recursion)
         vs = vs_minus_v + values_t
 
         vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
@@ -129,6 +140,87 @@ def from_importance_weights(
         pg_advantages = clipped_pg_rhos * (rewards_t + discounts_t * vs_tp1 - values_t)
 
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def _check_recursion(recursion: str) -> None:
+    if recursion not in RECURSIONS:
+        raise ValueError(f"recursion must be one of {RECURSIONS}, got {recursion!r}")
+
+
+def recursion_for(device: torch.device) -> str:
+    """The path ``"auto"`` takes on ``device``: ``"loop"`` on the CPU, ``"blocked"`` elsewhere.
+
+    On the CPU a step of the loop is a few tiny ops with no launch cost, and T is tens of
+    steps: the loop was measured faster than a scan there. On a GPU each of the loop's ops is
+    a kernel launch (about 4 a step: 256 per SGD step at T=64) while the GPU sits idle between
+    them; the blocked path is about a dozen launches whatever T is, up to ``BLOCK``. (The
+    GPU side is a count of launches, not yet a timing: no GPU measured it here.)
+    """
+    return "loop" if device.type == "cpu" else "blocked"
+
+
+def backward_recursion(
+    deltas: torch.Tensor, decays: torch.Tensor, recursion: str = "auto"
+) -> torch.Tensor:
+    """``acc_t = deltas_t + decays_t * acc_{t+1}`` for t = T-1 .. 0, with ``acc_T = 0``.
+
+    Args:
+        deltas: ``[T, B, ...]``, time-major.
+        decays: ``[T, B, ...]`` (V-trace's ``gamma_t c_t``), in ``[0, 1]`` for V-trace; zeros
+            (episode ends, masked steps) cut the trace exactly on either path.
+        recursion: ``"auto"`` (:func:`recursion_for` the tensors' device), ``"loop"`` or
+            ``"blocked"``.
+
+    Returns:
+        ``acc``, ``[T, B, ...]`` in the inputs' dtype. The paths agree to rounding on finite
+        inputs; a non-finite delta makes both non-finite, not always at the same steps (the
+        blocked path's ``0 * inf`` reaches later steps of its block too).
+    """
+    _check_recursion(recursion)
+    if recursion == "auto":
+        recursion = recursion_for(deltas.device)
+    if recursion == "loop":
+        return _loop(deltas, decays)
+    return _blocked(deltas, decays, BLOCK)
+
+
+def _loop(deltas: torch.Tensor, decays: torch.Tensor) -> torch.Tensor:
+    """One step at a time: T tiny ops, the fastest on the CPU."""
+    out = torch.empty_like(deltas)
+    acc = torch.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        acc = deltas[t] + decays[t] * acc
+        out[t] = acc
+    return out
+
+
+def _blocked(deltas: torch.Tensor, decays: torch.Tensor, block: int) -> torch.Tensor:
+    """The recursion unrolled, ``acc_t = sum_{s>=t} (prod_{j=t}^{s-1} a_j) delta_s``, as one
+    batched matmul per block of ``block`` steps, and a carry between blocks.
+
+    The products are built with ``cumprod`` from each row's own start, never as a ratio of two
+    cumulative products: a division would turn an underflow (long traces) into 0/0, and an
+    exact zero (an episode end) into inf or nan. Here a zero decay stays an exact zero, and a
+    product that underflows is 0, as the loop's repeated multiplication makes it.
+    """
+    T = deltas.shape[0]
+    d = deltas.reshape(T, math.prod(deltas.shape[1:]))  # [T, N]; T = 0 too
+    a = decays.reshape(d.shape)
+    out = torch.empty_like(d)
+    carry = torch.zeros_like(d[0])  # acc at the step after this block (acc_T = 0), [N]
+    for end in range(T, 0, -block):
+        start = max(0, end - block)
+        n = end - start
+        upper = torch.ones(n, n, dtype=torch.bool, device=d.device).triu().unsqueeze(-1)
+        # prods[t, k] = prod_{j=t}^{k} a_j for k >= t (ones before row t's start): [n, n, N].
+        prods = torch.where(upper, a[start:end].unsqueeze(0), 1.0).cumprod(dim=1)
+        # weights[t, s] = prod_{j=t}^{s-1} a_j for s >= t (1 on the diagonal), 0 below it.
+        ones = torch.ones_like(prods[:, :1])
+        weights = torch.where(upper, torch.cat([ones, prods[:, :-1]], dim=1), 0.0)
+        local = torch.einsum("tsn,sn->tn", weights, d[start:end])
+        out[start:end] = local + prods[:, -1] * carry  # prods[t, -1]: the decay to the end
+        carry = out[start]
+    return out.reshape(deltas.shape)
 
 
 def _check_shapes(
@@ -205,6 +297,7 @@ def from_logits(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    recursion: str = "auto",
 ) -> VTraceFromLogitsReturns:
     """V-trace for softmax policies given behaviour (mu) and target (pi) logits.
 
@@ -214,7 +307,7 @@ def from_logits(
         actions: Actions sampled from the behaviour policy, ``[T, B]`` int.
         discounts, rewards, values: ``[T, B]``.
         bootstrap_value: ``[B]``.
-        clip_rho_threshold, clip_pg_rho_threshold, lambda_: see
+        clip_rho_threshold, clip_pg_rho_threshold, lambda_, recursion: see
             :func:`from_importance_weights`.
 
     Returns:
@@ -248,6 +341,7 @@ def from_logits(
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         lambda_=lambda_,
+        recursion=recursion,
     )
     return VTraceFromLogitsReturns(
         vs=vtrace_returns.vs,

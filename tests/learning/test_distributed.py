@@ -185,6 +185,17 @@ def test_leaving_the_group_stops_its_threads():
     assert after == before, f"{after - before} of the group's threads outlived it"
 
 
+def test_use_device_makes_an_indexed_cuda_device_current(monkeypatch):
+    """device=cuda:1: events, streams and memory readings take the current device, cuda:0
+    until set (on CPU: set_device recorded, not called)."""
+    calls: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    distributed.use_device(torch.device("cuda", 1))
+    distributed.use_device(torch.device("cuda"))  # the current one already; no index to set
+    distributed.use_device(torch.device("cpu"))
+    assert calls == [torch.device("cuda", 1)]
+
+
 def test_learners_must_split_the_batch():
     cfg = Config(env=EnvCfg(id="CartPole-v1"), num_actors=1, envs_per_actor=2, precision="fp32")
     cfg.batch_size, cfg.learners = 6, 4
