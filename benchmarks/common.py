@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,3 +67,32 @@ def steady_windows(metrics: list[dict[str, Any]], skip: int = 1) -> list[dict[st
     """Log windows after the warm-up ones (and without the short final one)."""
     body = metrics[skip:-1] if len(metrics) > skip + 1 else metrics[-1:]
     return body
+
+
+@contextlib.contextmanager
+def gpu_util(device: torch.device):
+    """A list that fills with (time, nvidia-smi's utilization.gpu: the share of the sample period
+    in which a kernel ran) every 200 ms while the block runs; stays empty without a GPU."""
+    samples: list[tuple[float, float]] = []
+    exe = shutil.which("nvidia-smi")
+    if not exe or device.type != "cuda":
+        yield samples
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    index = visible[device.index or 0] if visible[0] else str(device.index or 0)
+    query = ["--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"]
+    proc = subprocess.Popen([exe, *query, "-i", index], stdout=subprocess.PIPE, text=True)
+
+    def read() -> None:
+        for line in proc.stdout:
+            with contextlib.suppress(ValueError):  # "[N/A]" or a warning line
+                samples.append((time.time(), float(line) / 100))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        thread.join(timeout=5)
