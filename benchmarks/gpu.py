@@ -50,7 +50,7 @@ from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec  # n
 from impala_gpu.config import Config, EnvCfg  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batcher  # noqa: E402
-from impala_gpu.learning.learner import build_learner, sgd_steps  # noqa: E402
+from impala_gpu.learning.learner import build_learner  # noqa: E402
 from impala_gpu.speed import learner_threads  # noqa: E402
 
 STAGES = ("preflight", "cartpole", "learner", "ring", "e2e")
@@ -111,10 +111,9 @@ def record(checks: list[Check], path: Path | None, dry_run: bool) -> int:
 
 
 # ------------------------------------------------------------------------------ measurements
-def _update(learner, batch, cfg: Config) -> torch.Tensor:
-    """One learner update, as the train loop makes it; ``learner.update(batch)`` once the
-    Learner refactor lands."""
-    return sgd_steps(learner.model, learner.optimizer, batch, cfg.algo, cfg.precision)
+def _update(learner, batch, cfg: Config) -> torch.Tensor:  # noqa: ARG001
+    """One learner update, as the train loop makes it."""
+    return learner.update(batch)
 
 
 def timed_updates(learner, cfg, next_batch, after, sizes) -> dict[str, float]:

@@ -52,6 +52,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     device = resolve_device(cfg.device)
     if rdv is not None:
         device = distributed.learner_device(device, rdv.rank)
+    distributed.use_device(device)  # timers and telemetry read the current CUDA device
     spec = env_spec(cfg.env)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
