@@ -47,7 +47,7 @@ def produce(ring: TrajectoryRing, producer: int, count: int) -> None:
 
 
 def snapshot(batch: Batch) -> dict[str, torch.Tensor]:
-    """CPU copies of everything a batch holds (read on the current stream, as train_step does)."""
+    """CPU copies of everything a batch holds (read on the current stream, as an update does)."""
     out = {name: getattr(batch, name).cpu().clone() for name in STEP_FIELDS}
     for i, t in enumerate(batch.core_state):
         out[f"core_{i}"] = t.cpu().clone()

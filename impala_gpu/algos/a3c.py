@@ -69,7 +69,7 @@ WORKER_STEPS, WORKER_UPDATES, WORKER_DONE = range(3)
 NUM_WORKER_COUNTERS = 3
 
 # A worker's report after each update: (worker_id, stats [len(STAT_NAMES) + layers] float32 (the
-# train_step stats, then each layer's gradient norm), policy lag, finished episodes
+# Learner.update's stats, then each layer's gradient norm), policy lag, finished episodes
 # [(raw return, length), ...], network health (``health.measure``) or None when not measured).
 Report = tuple[int, np.ndarray, int, list[tuple[float, int]], dict[str, float] | None]
 

@@ -3,7 +3,7 @@ stepped by several processes without a lock.
 
 ``make_shared_optimizer`` creates ``learner.make_optimizer``'s optimizer with its statistics
 already in shared memory, so every process reads and updates the same running averages (the
-paper's shared RMSprop); ``HogwildStep`` is the optimizer a worker's ``learner.train_step`` sees;
+paper's shared RMSprop); ``HogwildStep`` is the optimizer a worker's ``Learner.update`` steps;
 ``cloned`` and ``load_shared_optimizer_state`` take the shared state to and from a checkpoint.
 """
 
@@ -88,7 +88,7 @@ def cloned(obj: Any) -> Any:
 
 
 class HogwildStep:
-    """The optimizer ``learner.train_step`` sees: ``zero_grad`` clears the local model's grads,
+    """The optimizer a worker's ``Learner`` steps: ``zero_grad`` clears the local model's grads,
     ``step`` hands them to the shared model and steps the shared optimizer (no lock: Hogwild).
 
     Assigning ``shared.grad = local.grad`` only changes this process's view of the shared

@@ -82,7 +82,7 @@ def assert_same_update(stats, delta, ref_stats, ref_delta, rtol, cosine_min, nor
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_fp32_train_step_on_cuda_matches_cpu(case):
+def test_fp32_update_on_cuda_matches_cpu(case):
     mcfg, make_batch = CASES[case]
     torch.manual_seed(0)
     model = build_model(ATARI_OBS, ATARI_ACTIONS, mcfg)
@@ -98,7 +98,7 @@ def test_fp32_train_step_on_cuda_matches_cpu(case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bf16_train_step_on_cuda_matches_fp32(case):
+def test_bf16_update_on_cuda_matches_fp32(case):
     mcfg, make_batch = CASES[case]
     torch.manual_seed(0)
     model = build_model(ATARI_OBS, ATARI_ACTIONS, mcfg).cuda()
