@@ -7,9 +7,12 @@ import re
 import shutil
 import signal
 import sys
+import time
+import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -18,6 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.calibration import apply_auto
+from impala_gpu.cli_help import register_help_resolvers
 from impala_gpu.config import Config, conf_dir, register_configs, save_config
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
 from impala_gpu.speed import reexec_with_tcmalloc
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 CONF_DIR = conf_dir()
 
 register_configs()
+register_help_resolvers()  # conf/config.yaml's help template calls them
 
 
 def _sweep_info() -> tuple[str, dict[str, Any]]:
@@ -95,13 +100,24 @@ def run(dcfg: DictConfig) -> float:
             _say_sweep(sweep, "did not finish; resuming it from its last checkpoint")
         elif set_aside_unfinished(point_dir):
             _say_sweep(sweep, f"did not finish; starting again (its files are *{SUPERSEDED})")
+    from impala_gpu.validate import ConfigError, validate_config
+
     if dcfg.resume:
-        dcfg = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
+        try:
+            dcfg = resume_config(dcfg.resume, HydraConfig.get().overrides.task)
+        except (FileNotFoundError, ConfigError) as e:  # none there, or none loads
+            err = e if isinstance(e, ConfigError) else ConfigError(f"resume={dcfg.resume}: {e}")
+            if not sweep:
+                remove_hydra_debris(hydra_dir)
+                exit_config_error(err)
+            record_failure(dcfg.run_dir or hydra_dir, sweep.get("name", ""), err)
+            return float("-inf")
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or hydra_dir
+    global _RUN_DIR
+    _RUN_DIR = Path(run_dir)  # for main's message if the run is interrupted
     from impala_gpu.algos.registry import algorithm  # here: start-up stays fast
     from impala_gpu.learning.distributed import torchrun_rendezvous
-    from impala_gpu.validate import ConfigError, validate_config
 
     try:
         # Everything auto does not decide, before the calibration (seconds to minutes), any
@@ -117,13 +133,15 @@ def run(dcfg: DictConfig) -> float:
     except ConfigError as e:
         if not sweep:
             remove_hydra_debris(hydra_dir)
-            raise
+            exit_config_error(e)
         record_failure(run_dir, sweep.get("name", ""), e)  # as any failed point: go on
         return float("-inf")
     try:
         last = algo.train(cfg, run_dir, sweep)
     except Exception as e:
         if not sweep:
+            if isinstance(e, ConfigError):  # one line, as every other ConfigError
+                exit_config_error(e)
             raise
         # In a sweep one bad point must not take the others down, nor vanish: record it, go
         # on, and let SweepReport fail the whole multirun at the end.
@@ -174,11 +192,22 @@ HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 def job_config(config: DictConfig) -> Config:
     """The run's ``Config`` from the config a Hydra callback sees (the job's keys and
     ``hydra``)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from impala_gpu.validate import ConfigError
+
     job = OmegaConf.to_container(config, resolve=False)
     assert isinstance(job, dict)
     job.pop("hydra", None)
-    merged = OmegaConf.merge(OmegaConf.structured(Config), job)
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), job)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:  # a key or type overrides.check_overrides let by
+        key = getattr(e, "full_key", None) or "the config"
+        raise ConfigError(
+            f"{key}: {str(e).splitlines()[0]}. Fix: the keys and types of "
+            "impala_gpu/config.py (python -m impala_gpu --help lists the frequent ones)."
+        ) from None
 
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -200,15 +229,26 @@ def sweep_points(config: DictConfig) -> list[list[str]] | None:
     return [point for batch in batches for point in batch]
 
 
-def _exit_on_config_error(check) -> None:
+def exit_config_error(e: Exception) -> NoReturn:
+    """End the process (exit 1) with ``e``'s one line, ``impala_gpu: ConfigError: ...``: no
+    traceback (Hydra prints one for an exception its task raises)."""
+    sys.exit(f"impala_gpu: {type(e).__name__}: {e}")
+
+
+def _exit_on_config_error(check: Callable[[], None]) -> None:
     """Run ``check()``; a ConfigError ends the process (exit 1) with its message. SystemExit,
-    because Hydra turns a callback's Exception into a warning and carries on."""
+    because Hydra turns a callback's Exception into a warning and carries on: any other
+    exception ends it too, with its traceback (a bug in a check), never a run on a config
+    that was not checked (``+foo=1`` once trained Pong after that warning)."""
     from impala_gpu.validate import ConfigError
 
     try:
         check()
     except ConfigError as e:
-        sys.exit(f"impala_gpu: {type(e).__name__}: {e}")
+        exit_config_error(e)
+    except Exception:
+        traceback.print_exc()
+        sys.exit("impala_gpu: the config check failed (the traceback above); nothing was run.")
 
 
 class CheckConfig(Callback):
@@ -218,13 +258,29 @@ class CheckConfig(Callback):
     A resumed run is checked in ``run``, on the config it resumes."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from impala_gpu.validate import validate_config
-
-        if not config.get("resume"):
-            _exit_on_config_error(lambda: validate_config(job_config(config), allow_auto=True))
+        _exit_on_config_error(lambda: check_start(config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_on_config_error(lambda: check_sweep(config))
+
+
+def check_start(config: DictConfig) -> None:
+    """A single run's checks before Hydra makes its dir: the config (``validate_config``,
+    ``auto`` allowed), and that its run dir can be written; a resumed run's config is
+    checked in ``run``, once read from its checkpoint, and here only that there is one."""
+    from impala_gpu.validate import validate_config
+    from impala_gpu.validate_inputs import validate_resume, validate_run_dir, writable_target
+
+    if config.get("resume"):
+        validate_resume(str(config.resume))
+        return
+    cfg = job_config(config)
+    validate_config(cfg, allow_auto=True)
+    # hydra.run.dir unresolved: its default interpolates the date, which only run_job sets.
+    hydra_run = OmegaConf.to_container(config.hydra.run, resolve=False)
+    assert isinstance(hydra_run, dict)
+    key, path = writable_target(cfg.run_dir, hydra_run.get("dir"))
+    validate_run_dir(path, key=key)
 
 
 def check_sweep(config: DictConfig) -> None:
@@ -286,19 +342,60 @@ def version() -> str:
         return __version__
 
 
+_RUN_DIR: Path | None = None  # the run dir of this process's run, once ``run`` knows it
+
+
+def saved_since(run_dir: Path | None, since: float) -> Path | None:
+    """The newest checkpoint written into ``run_dir`` at or after ``since`` (a time.time()),
+    or None: what the interrupted message may claim, read from the disk rather than assumed
+    (a SIGTERM during start-up used to say "checkpoint saved" when none was written)."""
+    from impala_gpu.reporting.checkpoint import CKPT_DIR
+
+    if run_dir is None or not (run_dir / CKPT_DIR).is_dir():
+        return None
+    fresh = []
+    for p in (run_dir / CKPT_DIR).glob("*.pt"):
+        try:
+            if p.stat().st_mtime >= since:
+                fresh.append((p.stat().st_mtime, p))
+        except OSError:  # pruned meanwhile
+            continue
+    return max(fresh)[1] if fresh else None
+
+
+def interrupted_message(how: str, run_dir: Path | None, since: float) -> str:
+    """The last line after Ctrl-C or SIGTERM: what was saved, if anything."""
+    saved = saved_since(run_dir, since)
+    if saved is not None:
+        return (
+            f"impala_gpu: {how}; checkpoint saved ({saved}); actors stopped, shared memory freed."
+        )
+    if run_dir is None:
+        return f"impala_gpu: {how} before the run started; no checkpoint was written."
+    return (
+        f"impala_gpu: {how} during start-up, before training began: no checkpoint was written "
+        f"in {run_dir}, so resume= has nothing to continue there."
+    )
+
+
 def main() -> None:
+    started = time.time()
     if "--version" in sys.argv[1:]:
         print(f"impala_gpu {version()}")  # then Hydra's own --version line, and exit 0
+    from impala_gpu.overrides import check_command_line
+    from impala_gpu.validate import ConfigError
+
+    try:  # before Hydra composes: a typo'd key, a wrong type, 1e7 for an int (rewritten)
+        sys.argv[1:] = check_command_line(sys.argv[1:])
+    except ConfigError as e:
+        exit_config_error(e)
     # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         _hydra_main()
     except KeyboardInterrupt as e:
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(
-            f"impala_gpu: {how}; checkpoint saved, actors stopped, shared memory freed.",
-            file=sys.stderr,
-        )
+        print(interrupted_message(how, _RUN_DIR, started), file=sys.stderr)
         sys.exit(143 if isinstance(e, Terminated) else 130)
     # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)

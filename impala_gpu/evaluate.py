@@ -159,7 +159,8 @@ def play_wave(model, cfg: Config, ev: EvalCfg, env, games: list[int]) -> list[di
         # As in training: the observation after a life-loss step starts a new life.
         first = torch.as_tensor(reset_core_on_life_loss & life_lost, device=device)[None]
         life_lost = np.asarray(info.get("life_loss", np.zeros(n, dtype=bool)), dtype=bool)
-        truncated = np.asarray(trunc, dtype=bool) | ((ev.max_steps > 0) & (steps >= ev.max_steps))
+        capped = (ev.max_steps > 0) & (steps >= ev.max_steps)
+        truncated = np.asarray(trunc, dtype=bool) | capped
         for i in np.flatnonzero(playing & (np.asarray(term, dtype=bool) | truncated)):
             playing[i] = False  # its env autoresets and plays on unwatched
             results.append(
@@ -170,7 +171,7 @@ def play_wave(model, cfg: Config, ev: EvalCfg, env, games: list[int]) -> list[di
                     "truncated": bool(truncated[i]),
                 }
             )
-            cut = " (truncated at max_steps)" if truncated[i] else ""
+            cut = cut_note(bool(capped[i]), bool(truncated[i]), ev.max_steps)
             print(  # a game of Pong is thousands of steps: say where we are
                 f"impala_gpu.evaluate: game {games[i] + 1}/{ev.episodes}: return {ret[i]:g}, "
                 f"{steps[i]:,} steps{cut}",
@@ -180,10 +181,28 @@ def play_wave(model, cfg: Config, ev: EvalCfg, env, games: list[int]) -> list[di
     return sorted(results, key=lambda r: r["episode"])
 
 
+def cut_note(capped: bool, truncated: bool, max_steps: int) -> str:
+    """Why a game ended without a terminal state: ``max_steps`` only when that cap is on and
+    was reached; else the env's own time limit (max_steps=0 used to be named as the cause)."""
+    if capped:
+        return f" (truncated at max_steps={max_steps})"
+    if truncated:
+        return " (truncated by the env's time limit)"
+    return ""
+
+
 def evaluate(ev: EvalCfg) -> dict[str, Any]:
     for name in ("episodes", "envs"):
         if getattr(ev, name) < 1:
-            raise ConfigError(f"{name}={getattr(ev, name)}: must be at least 1.")
+            raise ConfigError(
+                f"{name}={getattr(ev, name)}: must be at least 1. Fix: {name}="
+                f"{getattr(EvalCfg, name)} (the default)."
+            )
+    if ev.max_steps < 0:
+        raise ConfigError(
+            f"max_steps={ev.max_steps}: must be >= 0. Fix: max_steps=0 (the env's own time "
+            "limit) or a positive cap on agent steps per game."
+        )
     path, ckpt = load_checkpoint(ev.checkpoint, prefer_best=True)
     print(
         f"impala_gpu.evaluate: evaluating {path} ({_why(Path(ev.checkpoint), path)})",

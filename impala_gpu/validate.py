@@ -9,6 +9,8 @@ import torch
 
 from impala_gpu.config import AUTO, Config, auto_keys, fresh_batch_size
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
+from impala_gpu.errors import ConfigError
+from impala_gpu.errors import require as _require
 from impala_gpu.learning.distributed import learners_on_this_box
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
@@ -16,15 +18,8 @@ from impala_gpu.reporting.logger import WANDB_MODES
 from impala_gpu.resources import validate_shared_memory, visible_devices
 from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
 from impala_gpu.speed import PRECISIONS
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and the fix."""
-
-
-def _require(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ConfigError(msg)
+from impala_gpu.validate_inputs import validate_inputs, validate_runtime
+from impala_gpu.validate_sizes import validate_env_counts, validate_memory
 
 
 def resolve_device(device: str) -> torch.device:
@@ -55,7 +50,11 @@ def resolve_device(device: str) -> torch.device:
             "first), or make that GPU visible (CUDA_VISIBLE_DEVICES).",
         )
         return parsed
-    _require(device == "cpu", f"device={device!r} is not one of auto, cpu, cuda, cuda:N.")
+    _require(
+        device == "cpu",
+        f"device={device!r} is not one of auto, cpu, cuda, cuda:N. Fix: device=auto (cuda when "
+        "present, else cpu).",
+    )
     return torch.device("cpu")
 
 
@@ -107,7 +106,10 @@ def validate_replay(cfg: Config) -> None:
         "replay buffer. Fix: replay.proportion=0 (off) or e.g. 0.5 (the paper's).",
     )
     if p > 0:
-        _require(capacity >= 1, f"replay.capacity={capacity} must be >= 1 trajectories.")
+        _require(
+            capacity >= 1,
+            f"replay.capacity={capacity} must be >= 1 trajectories. Fix: replay.capacity=1000.",
+        )
         _require(
             fresh_batch_size(cfg) >= 1,
             f"replay.proportion={p} with batch_size={cfg.batch_size} leaves no fresh trajectory "
@@ -154,52 +156,10 @@ def validate_sample_reuse(cfg: Config) -> None:
         )
 
 
-def validate_runtime(cfg: Config) -> None:
-    """``runtime`` and its ``ray.*`` keys."""
-    _require(
-        cfg.runtime in ("local", "ray"),
-        f"runtime={cfg.runtime!r} is not one of ('local', 'ray'). Fix: runtime=local (actor "
-        "processes on this box) or runtime=ray (Ray actors, here or on a cluster).",
-    )
-    if cfg.runtime != "ray":
-        return
-    _require(
-        cfg.algo.name in ("impala", "impala_nocorrection"),
-        f"runtime=ray with algo={cfg.algo.name}: only IMPALA's actors run on Ray. Fix: "
-        "runtime=local, or algo=impala.",
-    )
-    _require(
-        cfg.bounded_lag is None,
-        "runtime=ray can't give bounded_lag's guarantee: remote unrolls arrive in network "
-        "order, not round-robin. Fix: bounded_lag=null, or runtime=local.",
-    )
-    ray_cfg = cfg.ray
-    _require(
-        ray_cfg.object_store_mb >= 80,
-        f"ray.object_store_mb={ray_cfg.object_store_mb}: Ray needs at least about 80 MB. Fix: "
-        "ray.object_store_mb=512 (the default).",
-    )
-    _require(
-        ray_cfg.num_cpus_per_actor > 0,
-        f"ray.num_cpus_per_actor={ray_cfg.num_cpus_per_actor} must be > 0.",
-    )
-    _require(
-        ray_cfg.inflight_per_actor >= 1,
-        f"ray.inflight_per_actor={ray_cfg.inflight_per_actor} must be >= 1.",
-    )
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            'runtime=ray needs Ray, which is not installed. Fix: pip install -e ".[ray]" (or '
-            "pip install 'ray>=2.40'), or runtime=local."
-        ) from None
-
-
 def validate_learners(cfg: Config) -> None:
     """``learners=N``: data-parallel learners, each on its share of every batch."""
     n = cfg.learners
-    _require(n >= 1, f"learners={n} must be >= 1 (1: one learner process).")
+    _require(n >= 1, f"learners={n} must be >= 1. Fix: learners=1 (one learner process).")
     local, key = learners_on_this_box(cfg)  # learners, or torchrun's processes per node
     if local > 1 and resolve_device(cfg.device).type == "cuda":
         # learning.distributed puts rank r on GPU r % device_count and joins with NCCL (the
@@ -224,13 +184,16 @@ def validate_learners(cfg: Config) -> None:
         f"batch_size={cfg.batch_size} does not split into learners={n} equal shares. Fix: "
         f"batch_size={max(1, cfg.batch_size // n) * n} (a multiple of learners).",
     )
-    _require(cfg.learner_timeout_s > 0, f"learner_timeout_s={cfg.learner_timeout_s} must be > 0.")
+    _require(
+        cfg.learner_timeout_s > 0,
+        f"learner_timeout_s={cfg.learner_timeout_s} must be > 0. Fix: learner_timeout_s=300.",
+    )
 
 
 def validate_learner_shards(cfg: Config) -> None:
     """``learner_shards=N``: each SGD step split by trajectory over N threads of a CPU learner."""
     n = cfg.learner_shards
-    _require(n >= 1, f"learner_shards={n} must be >= 1 (1: no split).")
+    _require(n >= 1, f"learner_shards={n} must be >= 1. Fix: learner_shards=1 (no split).")
     if n == 1:
         return
     _require(
@@ -319,6 +282,19 @@ def validate_numbers(cfg: Config) -> None:
     )
 
 
+def _whole_unrolls_fix(cfg: Config, fresh: int) -> str:
+    """bounded_lag's fix: a batch_size that is a multiple of envs_per_actor when one near the
+    given size exists; when envs_per_actor is larger than the batch, fewer envs (a batch of
+    100000 trajectories was once offered for envs_per_actor=100000)."""
+    envs = cfg.envs_per_actor
+    if envs > fresh:
+        return f"envs_per_actor={fresh} (or a divisor of {fresh}), or bounded_lag=null"
+    return (
+        f"batch_size={max(1, cfg.batch_size // envs) * envs} (with replay: a batch_size whose "
+        f"fresh part is a multiple of {envs})"
+    )
+
+
 def validate_config(cfg: Config, allow_auto: bool = False) -> None:
     """Every check, on a resolved config (``calibration.resolve_auto`` replaces each ``auto``).
 
@@ -348,20 +324,25 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         resolve_vector_backend(cfg.env)
     except ConfigError:
         raise
-    except ValueError as e:
+    except (ValueError, ImportError) as e:  # ImportError: an optional extra not installed
         raise ConfigError(str(e)) from None
     # num_actors, envs_per_actor and precision: check_values, above.
     for key in ("unroll_length", "batch_size", "total_frames"):
         v = getattr(cfg, key)
         _require(v > 0, f"{key}={v} must be positive. Fix: {key}=<a positive integer>.")
+    validate_inputs(cfg)  # seed, env.*, model.*, the rest of algo.* and the run's keys
+    validate_env_counts(cfg)  # upper bounds: before any message that derives a fix from them
     validate_numbers(cfg)
-    _require(cfg.publish_interval > 0, f"publish_interval={cfg.publish_interval} must be >= 1.")
+    for key, least, fix in (
+        ("publish_interval", 1, "1 (every update)"),
+        ("refresh_every", 1, "1 (always fresh)"),
+        ("max_policy_lag", 0, "0 (off)"),
+    ):
+        v = getattr(cfg, key)
+        _require(v >= least, f"{key}={v} must be >= {least}. Fix: {key}={fix}.")
     _require(
-        cfg.refresh_every > 0, f"refresh_every={cfg.refresh_every} must be >= 1 (1: always fresh)."
-    )
-    _require(cfg.max_policy_lag >= 0, f"max_policy_lag={cfg.max_policy_lag} must be >= 0 (0: off).")
-    _require(
-        cfg.model.name in MODEL_NAMES, f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}."
+        cfg.model.name in MODEL_NAMES,
+        f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}. Fix: model=auto.",
     )
     validate_model_for_env(cfg)
     algo = cfg.algo
@@ -370,10 +351,13 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         ("algo.lr_schedule", algo.lr_schedule, ("linear", "constant")),
         ("algo.reduction", algo.reduction, ("sum", "mean")),
     ):
-        _require(value in allowed, f"{key}={value!r} is not one of {allowed}.")
+        _require(
+            value in allowed, f"{key}={value!r} is not one of {allowed}. Fix: {key}={allowed[0]}."
+        )
     _require(
         algo.lr_decay_frames >= 0,
-        f"algo.lr_decay_frames={algo.lr_decay_frames} must be >= 0 (0: decay over total_frames).",
+        f"algo.lr_decay_frames={algo.lr_decay_frames} must be >= 0. Fix: algo.lr_decay_frames=0 "
+        "(decay over total_frames).",
     )
     validate_sample_reuse(cfg)
     try:
@@ -394,15 +378,17 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         )
     validate_replay(cfg)
     if cfg.bounded_lag is not None:
-        _require(cfg.bounded_lag >= 0, f"bounded_lag={cfg.bounded_lag} must be >= 0 or null (off).")
+        _require(
+            cfg.bounded_lag >= 0,
+            f"bounded_lag={cfg.bounded_lag} must be >= 0 or null. Fix: bounded_lag=null (off).",
+        )
         fresh = fresh_batch_size(cfg)
         _require(
             cfg.envs_per_actor == AUTO or fresh % cfg.envs_per_actor == 0,
             f"bounded_lag needs the fresh part of each batch ({fresh} of batch_size="
             f"{cfg.batch_size}, replay.proportion={cfg.replay.proportion}) to be a multiple of "
             f"envs_per_actor ({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: "
-            f"batch_size={max(1, cfg.batch_size // cfg.envs_per_actor) * cfg.envs_per_actor} "
-            "(with replay: a batch_size whose fresh part is such a multiple).",
+            f"{_whole_unrolls_fix(cfg, fresh)}.",
         )
         _require(
             cfg.refresh_every == 1,
@@ -419,8 +405,11 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
     validate_learner_shards(cfg)
     _require(
         cfg.start_method in ("spawn", "forkserver"),
-        f"start_method={cfg.start_method!r}: use spawn or forkserver.",
+        f"start_method={cfg.start_method!r} is not spawn or forkserver. Fix: start_method=spawn.",
     )
     resolve_device(cfg.device)
+    # Memory first: /dev/shm's size may exceed what the machine has, and its fix (the most
+    # slots that fit) must fit both.
+    validate_memory(cfg)  # processes, envs, ring and replay against MemAvailable
     if cfg.algo.name != "a3c":  # A3C's workers share a model, not a ring
         validate_shared_memory(cfg)

@@ -52,17 +52,81 @@ def _is_atari_id(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+PRESETS = "env=pong, env=breakout, env=cartpole, env=lunarlander, env=minatar_breakout"
+
+
+def supported_text(atari_games: bool = False) -> str:
+    """The ids this project runs, on one line; every ALE game by name when ``atari_games``
+    (the id looked like an Atari one), else their count."""
+    games = [i.removeprefix("ALE/").removesuffix("-v5") for i in atari_ids()]
+    atari = ", ".join(games) if atari_games else f"{len(games)} games, e.g. Pong, Breakout"
+    return f"{', '.join(CLASSIC_IDS + MINATAR_IDS)}, and ALE/<Game>-v5 for any ALE game ({atari})"
+
+
+def unsupported_reason(env_id: str) -> str | None:
+    """Why a gymnasium id this project does not run is not supported, or None when gymnasium
+    has no such id. The policy is categorical (discrete actions) over a vector or an image,
+    so the spaces say it; an env that does not start (a missing extra) says so instead."""
+    if env_id not in gym.registry:
+        return None
+    spec = gym.spec(env_id)
+    if "ale_py" in str(spec.entry_point):  # an ALE id in another spelling (Pong-v4)
+        return "this project runs ALE games as ALE/<Game>-v5 (or <Game>NoFrameskip-v4)"
+    try:
+        env = gym.make(env_id)
+    except Exception as e:  # a missing extra (mujoco, box2d) or a broken install
+        return f"it does not start here ({type(e).__name__}: {str(e).splitlines()[0]})"
+    try:
+        obs, act = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(act, gym.spaces.Discrete):
+        return (
+            f"its actions are continuous ({act}), and the policy here is a categorical "
+            "distribution over discrete actions"
+        )
+    if not isinstance(obs, gym.spaces.Box):
+        return (
+            f"its observations are discrete or structured ({obs}), and the models here take a "
+            "vector (mlp) or an image (CNN)"
+        )
+    return "it has no preprocessing and model recipe here (not one of the ids tested)"
+
+
+def _ale_v5_id(env_id: str) -> str | None:
+    """``ALE/<Game>-v5`` for an ALE game registered under another spelling (``Pong-v4``,
+    ``PongDeterministic-v4``), or None."""
+    if env_id not in gym.registry or "ale_py" not in str(gym.spec(env_id).entry_point):
+        return None
+    name = env_id.split("/")[-1].split("-")[0]
+    for suffix in ("NoFrameskip", "Deterministic"):
+        name = name.removesuffix(suffix)
+    v5 = f"ALE/{name}-v5"
+    return v5 if v5 in gym.registry else None
+
+
 def _unknown_env_error(env_id: str) -> ValueError:
+    """One line: an unsupported gymnasium id says why; an unknown one gets "did you mean"."""
     valid = list(CLASSIC_IDS) + list(MINATAR_IDS) + atari_ids()
-    close = difflib.get_close_matches(env_id, valid, n=3, cutoff=0.5)
+    reason = unsupported_reason(env_id)
+    # A real but unsupported id only gets a near twin (MountainCarContinuous: MountainCar).
+    scores = {
+        c: difflib.SequenceMatcher(None, env_id, c).ratio()
+        for c in difflib.get_close_matches(env_id, valid, n=3, cutoff=0.7 if reason else 0.5)
+    }
+    close = [c for c, r in scores.items() if r >= max(scores.values()) - 0.1]
+    v5 = _ale_v5_id(env_id)
+    close = [v5] if v5 else close
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    atari = [i.removeprefix("ALE/").removesuffix("-v5") for i in atari_ids()]
+    fix = f"env.id={close[0]}, or a preset: {PRESETS}" if close else f"a preset: {PRESETS}"
+    what = (
+        f"env.id={env_id} is a gymnasium env this project does not support: {reason}."
+        if reason
+        else f"Unknown env id {env_id!r} (config key env.id).{hint}"
+    )
     return ValueError(
-        f"Unknown env id {env_id!r} (config key env.id).{hint}\n"
-        f"Valid ids: {', '.join(CLASSIC_IDS + MINATAR_IDS)}, and ALE/<Game>-v5 for any ALE game: "
-        f"{', '.join(atari)}.\n"
-        "Fix: pick a preset (env=pong, env=breakout, env=cartpole, env=lunarlander, "
-        "env=minatar_breakout) or set env.id=ALE/<Game>-v5."
+        f"{what} Supported: {supported_text(_is_atari_id(env_id))}. Fix: {fix}, or "
+        "env.id=ALE/<Game>-v5."
     )
 
 
