@@ -1,0 +1,305 @@
+"""Atari-5 from archived runs: the per-game table, the Atari-5 estimate of the Atari-57 median,
+and one figure of the five learning curves (docs/results/atari5.md).
+
+    python scripts/atari5_report.py benchmarks/results/atari5/* \
+        --budget 10e6 --png docs/atari5.png --md /tmp/atari5.md
+
+Each argument is one run dir (``config.yaml`` plus ``metrics.jsonl`` or ``metrics.jsonl.gz``),
+one per game; the game is the config's ``env.id``. Per game:
+
+- **score**: the mean of the last 100 *whole games* (the ``episode_return`` the learner logs is
+  already that: under ``env.episodic_life`` a lost life ends the training episode, not the
+  game, and only game over or the 108K-frame limit ends a reported game), read at the first
+  log line at or past ``--budget`` frames, or at the last line of a run that stopped short
+  (marked). Fewer than 100 games so far is marked too.
+- **HNS**: human-normalised, with the random and human scores the Atari-5 paper uses
+  (``impala_gpu.analysis.atari5``).
+- **frames/s** and **wall-clock**: the run's own clock (``elapsed_s``, which resumes carry on),
+  so the time a stopped run spent stopped is left out.
+- **CPU**: from the run's ``events.jsonl`` start events (a ``cpu_model`` or ``cpu`` field) or a
+  ``machine.json`` beside them; ``--stamp`` writes that file on the machine that ran it.
+
+The estimate needs all five games; with fewer it says which are missing. The protocol each run
+used (sticky actions, action set, lives, no-ops, frame skip) is printed from its config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from impala_gpu.analysis import load_run  # noqa: E402
+from impala_gpu.analysis.atari5 import (  # noqa: E402
+    ATARI5,
+    RELATIVE_ERROR_PERCENT,
+    SOURCE_COMMIT,
+    SOURCE_REPO,
+    Atari5Game,
+    atari5_game,
+    atari5_median_estimate,
+    human_normalized,
+)
+
+MACHINE_FILE = "machine.json"
+EVENTS_FILE = "events.jsonl"
+WINDOW = 100  # games in the logged mean return (reporting/telemetry.py)
+
+
+@dataclass(frozen=True)
+class GameRun:
+    """One run's Atari-5 numbers, at the budget (or where it stopped)."""
+
+    game: Atari5Game
+    path: Path
+    frames: float
+    elapsed_s: float
+    score: float
+    games: int  # games in the window the score averages (100 once that many have ended)
+    cpu: str
+    device: str
+    protocol: dict[str, Any]
+    curve: pd.DataFrame  # frames, episode_return: the whole lineage, for the figure
+
+    @property
+    def hns(self) -> float:
+        return human_normalized(self.game.key, self.score)
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.frames / self.elapsed_s if self.elapsed_s > 0 else math.nan
+
+
+def resumed_lineage(df: pd.DataFrame) -> pd.DataFrame:
+    """The metric lines of the run as it finally went on: a resume from a checkpoint older
+    than the last line logged re-plays frames, and appends lines whose frames go back. Keep a
+    line only if no later line has fewer frames (the abandoned stretch drops out)."""
+    if df.empty:
+        return df
+    later_min = df["frames"][::-1].cummin()[::-1]
+    return df[df["frames"] <= later_min].reset_index(drop=True)
+
+
+def at_budget(df: pd.DataFrame, budget: float) -> pd.Series:
+    """The first line at or past ``budget`` frames, or the last line of a shorter run."""
+    reached = df[df["frames"] >= budget]
+    return reached.iloc[0] if len(reached) else df.iloc[-1]
+
+
+def machine(run_dir: Path) -> tuple[str, str]:
+    """(CPU, learner device) the run recorded: the start events' ``cpu_model``/``cpu`` fields,
+    else ``machine.json``; "not recorded" when neither names the CPU. A run resumed on another
+    machine lists each."""
+    cpus: list[str] = []
+    devices: list[str] = []
+    events = run_dir / EVENTS_FILE
+    if events.is_file():
+        for line in events.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if not isinstance(event, dict) or event.get("event") != "start":
+                continue
+            cpu = event.get("cpu_model") or event.get("cpu")
+            if cpu and cpu not in cpus:
+                cpus.append(str(cpu))
+            if event.get("device") and event["device"] not in devices:
+                devices.append(str(event["device"]))
+    stamp = run_dir / MACHINE_FILE
+    if not cpus and stamp.is_file():
+        info = json.loads(stamp.read_text())
+        cpu = info.get("cpu_model") or info.get("cpu")
+        if cpu:
+            cpus.append(str(cpu))
+    return (" + ".join(cpus) or "not recorded", " + ".join(devices) or "?")
+
+
+def protocol(config: dict[str, Any]) -> dict[str, Any]:
+    """The env settings that decide how a score compares with published ones."""
+    env = config.get("env", {})
+    return {
+        "sticky actions": env.get("repeat_action_probability", "?"),
+        "action set": "full (18)" if env.get("full_action_space") else "minimal",
+        "life loss ends episode": env.get("episodic_life", "?"),
+        "frame skip": env.get("frame_skip", "?"),
+        "no-op starts": env.get("noop_max", "?"),
+        "max frames per game": env.get("max_episode_frames", "?"),
+    }
+
+
+def summarize(run_dir: str | Path, budget: float) -> GameRun:
+    """Read one run dir. Raises ValueError for a run that is not on an Atari-5 game or has no
+    ended game yet."""
+    run = load_run(run_dir)
+    try:
+        game = atari5_game(run.env)
+    except KeyError as e:
+        raise ValueError(f"{run_dir}: {e.args[0]}") from None
+    df = resumed_lineage(run.metrics)
+    scored = df[df["episode_return"].notna()]
+    if scored.empty:
+        raise ValueError(f"{run_dir}: no game has ended in its metrics")
+    row = at_budget(scored, budget)
+    episodes = row.get("episodes", math.nan)
+    games = WINDOW if pd.isna(episodes) else int(min(episodes, WINDOW))
+    cpu, device = machine(Path(run_dir))
+    return GameRun(
+        game=game,
+        path=Path(run_dir),
+        frames=float(row["frames"]),
+        elapsed_s=float(row["elapsed_s"]),
+        score=float(row["episode_return"]),
+        games=games,
+        cpu=cpu,
+        device=device,
+        protocol=protocol(run.config),
+        curve=df[["frames", "episode_return"]],
+    )
+
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def report(runs: list[GameRun], budget: float) -> str:
+    """The Markdown: per-game table, the estimate, each run's protocol."""
+    by_game = {r.game.key: r for r in runs}
+    lines = [
+        "| game | env id | frames | score (last 100 games) | HNS | frames/s | wall-clock | CPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in ATARI5:
+        r = by_game.get(g.key)
+        if r is None:
+            lines.append(f"| {g.title} | `{g.env_id}` | – | – | – | – | – | – |")
+            continue
+        notes = []
+        if r.frames < budget:
+            notes.append(f"stopped short of {budget / 1e6:g}M")
+        if r.games < WINDOW:
+            notes.append(f"mean of {r.games} games")
+        note = f" ({'; '.join(notes)})" if notes else ""
+        device = "" if r.device in ("cpu", "?") else f"; learner on {r.device}"
+        lines.append(
+            f"| {g.title} | `{g.env_id}` | {r.frames / 1e6:.2f}M | {r.score:.1f}{note} | "
+            f"{r.hns:.1f}% | {r.frames_per_s:,.0f} | {_clock(r.elapsed_s)} | {r.cpu}{device} |"
+        )
+    lines.append("")
+    missing = [g.env_id for g in ATARI5 if g.key not in by_game]
+    source = f"{SOURCE_REPO} at {SOURCE_COMMIT[:7]}"
+    if missing:
+        lines.append(f"Atari-5 estimate: not computed, no run for {', '.join(missing)}.")
+    else:
+        estimate = atari5_median_estimate({k: r.score for k, r in by_game.items()})
+        lines.append(
+            f"Atari-5 estimate of the Atari-57 median human-normalised score: **{estimate:.1f}%** "
+            f"(Aitchison, Sweetser and Hutter, ICML 2023, regression from {source}; its stated "
+            f"error is about {RELATIVE_ERROR_PERCENT:g}% of the value, for scores measured by "
+            "the paper's protocol, which ours is not: docs/results/atari5.md)."
+        )
+    lines += ["", "Protocol, from each run's config.yaml:", ""]
+    keys = list(next(iter(by_game.values())).protocol) if by_game else []
+    lines.append("| game | " + " | ".join(keys) + " |")
+    lines.append("|---|" + "---|" * len(keys))
+    for g in ATARI5:
+        if g.key in by_game:
+            cells = [str(v).lower() for v in by_game[g.key].protocol.values()]
+            lines.append(f"| {g.title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(runs: list[GameRun], budget: float, out: Path, title: str) -> None:
+    """One panel per game: mean score of the last 100 games against frames, with the random
+    and human scores the normalisation uses as dashed lines."""
+    by_game = {r.game.key: r for r in runs}
+    fig, axes = plt.subplots(1, len(ATARI5), figsize=(22, 4.2))
+    for ax, g in zip(axes, ATARI5, strict=True):
+        ax.set_title(g.title, fontsize=11)
+        ax.set_xlabel("frames (millions)")
+        ax.grid(alpha=0.3)
+        ax.axhline(g.random, color="gray", ls=":", lw=0.9, label="random")
+        ax.axhline(g.human, color="gray", ls="--", lw=0.9, label="human")
+        ax.axvline(budget / 1e6, color="black", lw=0.6, alpha=0.4)
+        ax.set_xlim(left=0)
+        r = by_game.get(g.key)
+        if r is None:
+            ax.text(0.5, 0.5, "no run", transform=ax.transAxes, ha="center", color="gray")
+            continue
+        ax.plot(r.curve["frames"] / 1e6, r.curve["episode_return"], color="C0", lw=1.3)
+    axes[0].set_ylabel("mean score, last 100 games")
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def stamp(run_dir: Path) -> None:
+    """Write ``machine.json`` (this machine's CPU) into ``run_dir``, unless it has one."""
+    from impala_gpu.calibration import cpu_model
+
+    path = run_dir / MACHINE_FILE
+    if path.exists():
+        print(f"{path} exists; left as it is")
+        return
+    path.write_text(json.dumps({"cpu_model": cpu_model()}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run dirs, one per Atari-5 game")
+    p.add_argument("--budget", type=float, default=10e6, help="frames to read the score at")
+    p.add_argument("--png", help="write the five curves here")
+    p.add_argument("--md", help="also write the Markdown here")
+    p.add_argument("--title", default="")
+    p.add_argument(
+        "--stamp", action="store_true", help="write machine.json (this CPU) into each run dir"
+    )
+    args = p.parse_args(argv)
+    if args.stamp:
+        for run in args.runs:
+            stamp(Path(run))
+        return 0
+    try:
+        runs = [summarize(run, args.budget) for run in args.runs]
+    except ValueError as e:
+        print(f"atari5_report: {e}", file=sys.stderr)
+        return 2
+    seen: dict[str, Path] = {}
+    for r in runs:
+        if r.game.key in seen:
+            print(
+                f"atari5_report: two runs for {r.game.title}: {seen[r.game.key]} and {r.path}",
+                file=sys.stderr,
+            )
+            return 2
+        seen[r.game.key] = r.path
+    text = report(runs, args.budget)
+    print(text, end="")
+    if args.md:
+        Path(args.md).write_text(text)
+    if args.png:
+        figure(runs, args.budget, Path(args.png), args.title)
+        print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
