@@ -68,7 +68,7 @@ def resume_config(resume: str, overrides: list[str]) -> DictConfig:
     saved = ckpt["config"]
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
     cfg.run_dir = str(path.parent.parent)
-    groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment"}
+    groups = {"env", "model", "algo", "wandb", "checkpoint", "experiment", "recipe"}
     groups |= {"compare_cell", "lag_cell"}  # the sweep presets' own groups
     # A deletion (~key) changes the defaults the run was composed from, which it keeps.
     scalar = [

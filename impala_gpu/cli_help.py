@@ -45,10 +45,11 @@ FREQUENT = (
     "log_interval_s",
 )
 GROUP_DOCS = {
-    "env": "the game or task and its preprocessing",
+    "env": "the game or task, its preprocessing and its family's recipe (env.id=ALE/<Game>-v5: any Atari game)",
+    "recipe": "set by env: the family's model, sizes, optimizer and stop target (~recipe: the schema's defaults)",
     "model": "the network (auto: by observation)",
     "algo": "the algorithm",
-    "experiment": "presets and sweeps (~experiment: the schema's defaults)",
+    "experiment": "presets for studies and comparisons; a preset pins its own recipe",
     "compare_cell": "the cells of the compare_* sweeps (their presets pick them)",
     "lag_cell": "the cells of the lag_* sweeps (their presets pick them)",
 }

@@ -7,6 +7,7 @@ with Hydra's own error naming the key (``Key 'lrr' not in 'AlgoCfg'``).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,34 @@ def register_configs() -> None:
 
     # conf/config.yaml's hydra.run.dir: run_dir when given, else the dated dir under runs/.
     OmegaConf.register_new_resolver("impala_gpu.or", _first_set, replace=True)
+    # The run dir's name carries the env that runs (env.id), not the env group it came from.
+    OmegaConf.register_new_resolver("impala_gpu.short_env", short_env, replace=True)
+    # conf/recipe/*.yaml: target_return from the env id that runs (STOP_RETURNS).
+    OmegaConf.register_new_resolver("impala_gpu.stop_return", stop_return, replace=True)
+
+
+# The mean return of the last 100 episodes at which an env family's recipe (conf/recipe/) stops
+# a run, by env id. Keyed by the id, not the env group, so that env.id=ALE/SpaceInvaders-v5
+# from env=pong does not inherit Pong's 18: an id not listed plays all of total_frames.
+STOP_RETURNS: dict[str, float] = {
+    "CartPole-v1": 475.0,  # gymnasium's reward_threshold (solved)
+    "LunarLander-v3": 200.0,  # gymnasium's reward_threshold (solved)
+    "ALE/Pong-v5": 18.0,  # a trained agent (21 is perfect): docs/results/pong.md
+    "ALE/Breakout-v5": 100.0,  # experiment=breakout_impala's target: docs/results/breakout.md
+}
+
+
+def stop_return(env_id: str) -> float | None:
+    """``STOP_RETURNS[env_id]``, None (no target) for an id not listed."""
+    return STOP_RETURNS.get(env_id)
+
+
+def short_env(env_id: str) -> str:
+    """A short name for a gymnasium id: ``ALE/Pong-v5`` -> ``pong``, ``CartPole-v1`` ->
+    ``cartpole``, ``MinAtar/Breakout-v1`` -> ``minatar_breakout`` (ALE is implied)."""
+    namespace, _, name = env_id.rpartition("/")
+    name = re.sub(r"-v\d+$", "", name).lower()
+    return name if namespace in ("", "ALE") else f"{namespace.lower()}_{name}"
 
 
 def _first_set(value: Any, default: Any) -> Any:

@@ -227,20 +227,23 @@ def validate_learner_shards(cfg: Config) -> None:
 
 
 def validate_model_for_env(cfg: Config) -> None:
-    """A CNN on a vector env is most often the default command's Pong recipe
-    (``experiment=pong_impala``) given another env: say which preset to take instead."""
+    """A CNN on a vector env is most often the Atari recipe (the default env's, or a Pong
+    preset's) kept under env.id=CartPole-v1: say which env group brings the right recipe."""
     kind = validate_env_id(cfg.env.id)
+    fix = (
+        "Fix: env=cartpole or env=lunarlander, without a preset (each brings its family's "
+        "recipe, conf/recipe/; env.id=... on top changes the task)"
+    )
     _require(
         kind != "classic" or cfg.model.name not in ("shallow", "resnet", "minatar"),
         f"model.name={cfg.model.name} needs image observations, and env.id={cfg.env.id} has "
-        "vectors. The default command trains Pong's recipe (experiment=pong_impala); another "
-        "env wants its own. Fix: experiment=cartpole_impala for CartPole, ~experiment for the "
-        "schema's defaults, or model=mlp.",
+        f"vectors: env.id alone, or a preset, keeps the recipe it came with. {fix}, or "
+        "model=mlp.",
     )
     _require(
         cfg.model.normalize_input is False or kind != "classic",
         f"model.normalize_input=true normalises screen pixels, and env.id={cfg.env.id} has "
-        "vectors. Fix: model.normalize_input=false (or ~experiment for the schema's defaults).",
+        f"vectors. {fix}, or model.normalize_input=false.",
     )
 
 

@@ -87,16 +87,18 @@ def kill_marked(proc: subprocess.Popen, marker: str) -> None:
 
 
 def schema_defaults(overrides: tuple[str, ...] | list[str]) -> list[str]:
-    """``~experiment`` unless ``overrides`` pick a preset: a test states its whole config, on
-    the schema's defaults, not on the default command's Pong recipe (conf/config.yaml)."""
-    picks = any(o.lstrip("+~").startswith("experiment") for o in overrides)
-    return [] if picks else ["~experiment"]
+    """``~recipe`` unless ``overrides`` pick a preset or a recipe: a test states its whole
+    config, on the schema's defaults, not on the recipe its env group brings (conf/recipe/)."""
+    picks = any(o.lstrip("+~").startswith(("experiment", "recipe")) for o in overrides)
+    return [] if picks else ["~recipe"]
 
 
-def cli_command(run_dir: Path, *overrides: str) -> list[str]:
-    """The CLI with W&B disabled unless an override sets wandb.mode (later overrides win)."""
+def cli_command(run_dir: Path, *overrides: str, schema: bool = True) -> list[str]:
+    """The CLI with W&B disabled unless an override sets wandb.mode (later overrides win); on
+    the schema's defaults, or with ``schema=False`` on the default command's recipes."""
     base = [sys.executable, "-m", "impala_gpu", f"run_dir={run_dir}", "progress=false"]
-    return [*base, *schema_defaults(overrides), "wandb.mode=disabled", *overrides]
+    chosen = schema_defaults(overrides) if schema else []
+    return [*base, *chosen, "wandb.mode=disabled", *overrides]
 
 
 def popen_marked(cmd: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
@@ -132,12 +134,15 @@ def wait_for_log(proc: subprocess.Popen, path: Path, ready, timeout: float, what
         time.sleep(0.2)
 
 
-def run_cli(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run training; afterwards assert no child process and no /dev/shm segment survives."""
+def run_cli(
+    run_dir: Path, *overrides: str, timeout: float = 240, schema: bool = True
+) -> subprocess.CompletedProcess:
+    """Run training (``cli_command``); afterwards assert no child process and no /dev/shm
+    segment survives."""
     marker = uuid.uuid4().hex
     shm_before = shm_entries()
     proc = subprocess.run(
-        cli_command(run_dir, *overrides),
+        cli_command(run_dir, *overrides, schema=schema),
         cwd=run_dir.parent,
         env={**os.environ, "IMPALA_TEST_MARKER": marker},
         capture_output=True,

@@ -64,7 +64,7 @@ def _exception_chain_text(exc: BaseException) -> str:
     [("pong", "ALE/Pong-v5"), ("breakout", "ALE/Breakout-v5"), ("cartpole", "CartPole-v1")],
 )
 def test_compose_env_group(hydra_compose, env, env_id):
-    cfg = _to_config(hydra_compose(["~experiment", f"env={env}"]))
+    cfg = _to_config(hydra_compose(["~recipe", f"env={env}"]))
     assert isinstance(cfg.env, EnvCfg)
     assert cfg.env.id == env_id
     assert cfg.env.clip_rewards is (env != "cartpole")
@@ -73,14 +73,14 @@ def test_compose_env_group(hydra_compose, env, env_id):
 
 @pytest.mark.parametrize("model", ["auto", "shallow", "resnet", "mlp"])
 def test_compose_model_group(hydra_compose, model):
-    cfg = _to_config(hydra_compose(["~experiment", f"model={model}"]))
+    cfg = _to_config(hydra_compose(["~recipe", f"model={model}"]))
     assert isinstance(cfg.model, ModelCfg)
     assert cfg.model.name == model
     assert cfg.model.hidden_size == (64 if model == "mlp" else 256)
 
 
 def test_compose_algo_group(hydra_compose):
-    cfg = _to_config(hydra_compose(["~experiment", "algo=impala"]))
+    cfg = _to_config(hydra_compose(["~recipe", "algo=impala"]))
     assert isinstance(cfg.algo, AlgoCfg)
     assert cfg.algo == AlgoCfg(name="impala")
 
@@ -91,7 +91,7 @@ def test_compose_default_is_the_pong_recipe(hydra_compose):
     assert cfg.env.id == "ALE/Pong-v5" and cfg.model.name == "shallow"
     assert cfg.algo.name == "impala" and cfg.target_return == 18
     assert isinstance(cfg.wandb, WandbCfg)
-    schema = _to_config(hydra_compose(["~experiment"]))
+    schema = _to_config(hydra_compose(["~recipe"]))
     assert schema.model.name == "auto" and schema.target_return is None
 
 
@@ -131,14 +131,27 @@ def test_paper_pong_is_the_papers_recipe(hydra_compose):
     _assert_subset(PAPER_PONG, dataclasses.asdict(cfg))
 
 
-def _experiment_values(name: str) -> dict:
+def _experiment_values(name: str, group: str = "experiment") -> dict:
     """The keys an experiment file sets, merged over those of the experiments it lists in its
-    defaults (other entries there, like ``override /env``, are config groups), as a nested dict."""
-    own = OmegaConf.load(Path(CONF_DIR) / "experiment" / f"{name}.yaml")
+    defaults and of the recipe it picks (``override /recipe: atari``; other entries there, like
+    ``override /env``, are config groups), as a nested dict. Interpolations are left out: the
+    recipes' ``target_return`` depends on the env id (``impala_gpu.config.STOP_RETURNS``)."""
+    own = OmegaConf.load(Path(CONF_DIR) / group / f"{name}.yaml")
     own.pop("hydra", None)  # the sweeper's grid: Hydra's settings, not the run's config
-    parents = [d for d in own.pop("defaults", []) if isinstance(d, str) and not d.startswith("/")]
-    merged = OmegaConf.merge(*(_experiment_values(p) for p in parents), own)
-    return OmegaConf.to_container(merged)
+    defaults = own.pop("defaults", [])
+    parents = [(d, group) for d in defaults if isinstance(d, str) and not d.startswith("/")]
+    recipes = [d.get("override /recipe") for d in defaults if not isinstance(d, str)]
+    parents += [(r, "recipe") for r in recipes if r]
+    merged = OmegaConf.merge(*(_experiment_values(p, g) for p, g in parents), own)
+    return _without_interpolations(OmegaConf.to_container(merged))
+
+
+def _without_interpolations(values: dict) -> dict:
+    return {
+        k: _without_interpolations(v) if isinstance(v, dict) else v
+        for k, v in values.items()
+        if not (isinstance(v, str) and v.startswith("${"))
+    }
 
 
 def _assert_subset(expected: dict, actual: dict, prefix: str = "") -> None:
@@ -191,7 +204,7 @@ def test_breakout_preset_is_the_pong_recipe_plus_its_documented_changes(hydra_co
 
 
 def test_experiment_cartpole_overrides_defaults(hydra_compose):
-    default = _to_config(hydra_compose(["~experiment", "env=cartpole", "model=mlp"]))
+    default = _to_config(hydra_compose(["~recipe", "env=cartpole", "model=mlp"]))
     cfg = _to_config(hydra_compose(["experiment=cartpole_impala"]))
     assert cfg.batch_size != default.batch_size
     assert cfg.total_frames != default.total_frames
@@ -205,7 +218,7 @@ def test_command_line_override_beats_experiment(hydra_compose):
 
 
 def test_top_level_keys_and_types(hydra_compose):
-    dcfg = hydra_compose(["~experiment"])  # the schema's own defaults
+    dcfg = hydra_compose(["~recipe"])  # the schema's own defaults
     cfg = _to_config(dcfg)
     for key, typ in TOP_LEVEL_TYPES.items():
         assert key in dcfg

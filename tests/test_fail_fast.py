@@ -145,11 +145,11 @@ def test_the_check_before_auto_passes_the_defaults_and_leaves_auto_to_the_full_c
         validate_config(cfg)
 
 
-def test_the_default_pong_recipe_given_a_vector_env_names_the_preset_to_take(tmp_path):
-    # experiment=pong_impala is what the bare command composes (tests/test_config.py).
+def test_the_atari_recipe_given_a_vector_env_id_names_the_env_group_to_take(tmp_path):
+    # recipe=atari is what the bare command composes (env=pong brings it): env.id alone keeps it.
     run_dir = tmp_path / "run"
-    proc = _cli(["experiment=pong_impala", "env=cartpole", f"run_dir={run_dir}"], tmp_path)
+    proc = _cli(["recipe=atari", "env.id=CartPole-v1", f"run_dir={run_dir}"], tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "ConfigError: model.name=shallow needs image observations" in proc.stderr
-    assert "Fix: experiment=cartpole_impala" in proc.stderr
+    assert "Fix: env=cartpole or env=lunarlander" in proc.stderr
     assert "auto (" not in proc.stderr and not run_dir.exists()

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 # What `pip wheel .` reads: the metadata, the readme it embeds, the package and conf/.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "impala_gpu", "conf")
-GROUPS = ("algo", "compare_cell", "env", "experiment", "lag_cell", "model")
+GROUPS = ("algo", "compare_cell", "env", "experiment", "lag_cell", "model", "recipe")
 # Compositions that read every group (env, model, algo, experiment, both cells) from the tree.
 COMPOSED = {
     "experiment=pong_impala": ("  id: ALE/Pong-v5",),
@@ -97,7 +97,7 @@ def _check_runs(python: str, script: str, cwd: Path, env: dict[str, str], conf: 
     help_text = _run([script, "--help"], cwd, env)
     listed = {
         line.split(":")[0]: line.split(":", 1)[1].split(", ")
-        for line in help_text.split("Options of each group:")[1].strip().splitlines()[:6]
+        for line in help_text.split("Options of each group:")[1].strip().splitlines()[: len(GROUPS)]
     }
     assert set(listed) == set(GROUPS), help_text
     for name in _yaml_names() - {"config.yaml"}:

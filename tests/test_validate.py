@@ -184,7 +184,7 @@ def test_the_cli_stops_on_a_full_dev_shm_before_any_run_dir(tmp_path):
     """The whole command, with ``os.statvfs`` reporting 1 MiB free on /dev/shm: the check runs
     in Hydra's callback, before Hydra makes the run dir."""
     run_dir = tmp_path / "run"
-    args = ["~experiment", "env=cartpole", "model=mlp", "precision=fp32", "num_actors=1"]
+    args = ["~recipe", "env=cartpole", "model=mlp", "precision=fp32", "num_actors=1"]
     args += ["envs_per_actor=2", "num_slots=5000", "total_frames=400", "wandb.mode=disabled"]
     args += ["progress=false", f"run_dir={run_dir}"]
     code = (

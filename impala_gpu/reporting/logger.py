@@ -11,7 +11,6 @@ import json
 import math
 import numbers
 import os
-import re
 import sys
 import time
 import warnings
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_gpu.config import Config, to_container
+from impala_gpu.config import Config, short_env, to_container
 
 WANDB_MODES = ("offline", "online", "disabled")
 TB_FLUSH_S = 5.0  # TensorBoard's event file: flushed this often, and close() waits at most this
@@ -76,23 +75,16 @@ class RunNames:
     job_type: str
 
 
-def short_env(env_id: str) -> str:
-    """A short name for a gymnasium id: ``ALE/Pong-v5`` -> ``pong``, ``CartPole-v1`` ->
-    ``cartpole``, ``MinAtar/Breakout-v1`` -> ``minatar_breakout`` (ALE is implied)."""
-    namespace, _, name = env_id.rpartition("/")
-    name = re.sub(r"-v\d+$", "", name).lower()
-    return name if namespace in ("", "ALE") else f"{namespace.lower()}_{name}"
-
-
 def run_names(cfg: Config, sweep: dict[str, Any], choices: dict[str, Any], today: str) -> RunNames:
     """W&B's (name, group, job_type) for a run: ``<experiment or algo>-<env>-s<seed>``, in a
     sweep followed by the point's other overrides so points stay apart; the group is the
     experiment (or, in a sweep without one, ``<algo>-<env>``) plus the date it started; the
-    job type is the algo. ``choices``: Hydra's runtime group choices (``experiment``, ``env``);
+    job type is the algo. ``choices``: Hydra's runtime group choices (``experiment``);
     ``sweep``: ``cli._sweep_info``'s dict (``name``, ``date``) or empty. ``cfg.wandb.group``
     and ``cfg.wandb.job_type`` win when set."""
     experiment = choices.get("experiment")
-    env = choices.get("env") or short_env(cfg.env.id)
+    # The env that runs: env=pong env.id=ALE/SpaceInvaders-v5 is spaceinvaders, not pong.
+    env = short_env(cfg.env.id)
     name = f"{experiment or cfg.algo.name}-{env}-s{cfg.seed}"
     if sweep:
         rest = [o for o in str(sweep.get("name", "")).split(",") if o and "seed=" not in o]

@@ -39,7 +39,7 @@ REPO = Path(CONF_DIR).parent
 
 # Small CartPole runs: Adam with mean-reduced losses learns fast at this size.
 CARTPOLE = (
-    "~experiment",  # the schema's defaults, not the default command's Pong recipe
+    "~recipe",  # the schema's defaults, not the recipe env=cartpole brings
     "algo=a3c",
     "env=cartpole",
     "model=mlp",
