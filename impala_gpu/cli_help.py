@@ -45,8 +45,8 @@ FREQUENT = (
     "log_interval_s",
 )
 GROUP_DOCS = {
-    "env": "the game or task, its preprocessing and its family's recipe (env.id=ALE/<Game>-v5: any Atari game)",
-    "recipe": "set by env: the family's model, sizes, optimizer and stop target (~recipe: the schema's defaults)",
+    "env": "the game or task and its family's recipe (env.id=ALE/<Game>-v5: any game)",
+    "recipe": "set by env: the family's model, sizes, optimizer and stop target",
     "model": "the network (auto: by observation)",
     "algo": "the algorithm",
     "experiment": "presets for studies and comparisons; a preset pins its own recipe",
