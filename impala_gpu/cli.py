@@ -19,7 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, conf_dir, register_configs, save_config
+from impala_gpu.reporting import stopping
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
+from impala_gpu.reporting.stopping import Terminated
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
@@ -84,6 +86,15 @@ def resume_config(resume: str, overrides: list[str]) -> DictConfig:
 def run(dcfg: DictConfig) -> float:
     """One run (or one sweep point). Returns the final mean return, the sweepers' objective."""
     hydra_dir, sweep = _sweep_info()
+    try:
+        return _run(dcfg, hydra_dir, sweep)
+    except KeyboardInterrupt:
+        if not sweep:  # stopped before writing anything (calibrating): leave no run dir
+            remove_hydra_debris(hydra_dir)
+        raise
+
+
+def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
     if sweep and not dcfg.resume:  # a sweep rerun into its own dir picks up where it stopped
         point_dir = dcfg.run_dir or hydra_dir
         done = finished_point(point_dir)
@@ -265,14 +276,6 @@ def _hydra_main(dcfg: DictConfig) -> float:
     return run(dcfg)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (preemption, ``kill``): handled exactly like Ctrl-C."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
 def version() -> str:
     """This package's installed version (its metadata), else the source tree's."""
     from importlib.metadata import PackageNotFoundError
@@ -290,16 +293,20 @@ def main() -> None:
     if "--version" in sys.argv[1:]:
         print(f"impala_gpu {version()}")  # then Hydra's own --version line, and exit 0
     # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    stopping.install()
     try:
         _hydra_main()
     except KeyboardInterrupt as e:
+        from impala_gpu.reporting.run import interrupted_text
+
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(
-            f"impala_gpu: {how}; checkpoint saved, actors stopped, shared memory freed.",
-            file=sys.stderr,
-        )
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        print(f"impala_gpu: {how}; {interrupted_text()}", file=sys.stderr)
+        # CPython quirk: a KeyboardInterrupt that left an exec() of a string (dataclasses
+        # builds methods so, in torch's lazy imports during calibration) marks the interpreter
+        # to kill itself by SIGINT at exit, whatever exit code follows; an exec of a string
+        # that completes clears that mark, so the exit code is 130/143 every time.
+        exec("")
+        sys.exit(stopping.exit_code(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)
 
