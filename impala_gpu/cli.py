@@ -21,6 +21,7 @@ from impala_gpu.calibration import apply_auto
 from impala_gpu.config import Config, conf_dir, register_configs, save_config
 from impala_gpu.reporting import stopping
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
+from impala_gpu.reporting.rundir import RunDirInUse, claim_run_dir, release_all
 from impala_gpu.reporting.stopping import Terminated
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import (
@@ -84,14 +85,23 @@ def resume_config(resume: str, overrides: list[str]) -> DictConfig:
 
 
 def run(dcfg: DictConfig) -> float:
-    """One run (or one sweep point). Returns the final mean return, the sweepers' objective."""
+    """One run (or one sweep point). Returns the final mean return, the sweepers' objective.
+    Its run dir is locked for it (``reporting.rundir``) until it returns."""
     hydra_dir, sweep = _sweep_info()
     try:
+        if sweep:  # a sweep point's dir: the sweep's own rules below decide what it holds
+            try:
+                claim_run_dir(dcfg.run_dir or hydra_dir, check_files=False)
+            except RunDirInUse as e:  # another process runs this point: leave its dir alone
+                _say_sweep(sweep, f"skipped: {e}")
+                return float("-inf")
         return _run(dcfg, hydra_dir, sweep)
     except KeyboardInterrupt:
         if not sweep:  # stopped before writing anything (calibrating): leave no run dir
             remove_hydra_debris(hydra_dir)
         raise
+    finally:
+        release_all()
 
 
 def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
@@ -121,6 +131,9 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
         algo = algorithm(cfg.algo.name)
         rank = torchrun_rendezvous()
         if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
+            # The CLI claimed it before Hydra wrote there (ClaimRunDir): a no-op then.
+            own = Path(cfg.resume).parent.parent if cfg.resume else None
+            claim_run_dir(run_dir, resuming=own, job_name=HydraConfig.get().job.name)
             # auto's one resolution: no algorithm resolves it again.
             cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(c, algo))
             cfg = algo.runs(cfg)
