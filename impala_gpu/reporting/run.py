@@ -184,7 +184,12 @@ class Run:
 
     def progress_bar(self) -> Progress:
         cfg = self.cfg
-        return Progress(cfg.total_frames, enabled=cfg.progress, target_return=cfg.target_return)
+        return Progress(
+            cfg.total_frames,
+            enabled=cfg.progress,
+            target_return=cfg.target_return,
+            start=self.progress.start,  # a resumed run's elapsed time goes on from its own
+        )
 
     def on_event(self, event: dict) -> None:
         """An actor-pool event: into events.jsonl, and replacements onto the console."""
