@@ -7,7 +7,6 @@ import re
 import shutil
 import signal
 import sys
-import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -23,7 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from impala_gpu.calibration import apply_auto
 from impala_gpu.cli_help import register_help_resolvers
 from impala_gpu.config import Config, conf_dir, register_configs, save_config
+from impala_gpu.reporting import stopping
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
+from impala_gpu.reporting.rundir import RunDirInUse, claim_run_dir, release_all
+from impala_gpu.reporting.stopping import Terminated
 from impala_gpu.speed import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
@@ -87,8 +89,26 @@ def resume_config(resume: str, overrides: list[str]) -> DictConfig:
 
 
 def run(dcfg: DictConfig) -> float:
-    """One run (or one sweep point). Returns the final mean return, the sweepers' objective."""
+    """One run (or one sweep point). Returns the final mean return, the sweepers' objective.
+    Its run dir is locked for it (``reporting.rundir``) until it returns."""
     hydra_dir, sweep = _sweep_info()
+    try:
+        if sweep:  # a sweep point's dir: the sweep's own rules below decide what it holds
+            try:
+                claim_run_dir(dcfg.run_dir or hydra_dir, check_files=False)
+            except RunDirInUse as e:  # another process runs this point: leave its dir alone
+                _say_sweep(sweep, f"skipped: {e}")
+                return float("-inf")
+        return _run(dcfg, hydra_dir, sweep)
+    except KeyboardInterrupt:
+        if not sweep:  # stopped before writing anything (calibrating): leave no run dir
+            remove_hydra_debris(hydra_dir)
+        raise
+    finally:
+        release_all()
+
+
+def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
     if sweep and not dcfg.resume:  # a sweep rerun into its own dir picks up where it stopped
         point_dir = dcfg.run_dir or hydra_dir
         done = finished_point(point_dir)
@@ -114,8 +134,6 @@ def run(dcfg: DictConfig) -> float:
             return float("-inf")
     cfg: Config = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
     run_dir = cfg.run_dir or hydra_dir
-    global _RUN_DIR
-    _RUN_DIR = Path(run_dir)  # for main's message if the run is interrupted
     from impala_gpu.algos.registry import algorithm  # here: start-up stays fast
     from impala_gpu.learning.distributed import torchrun_rendezvous
 
@@ -126,6 +144,9 @@ def run(dcfg: DictConfig) -> float:
         algo = algorithm(cfg.algo.name)
         rank = torchrun_rendezvous()
         if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
+            # The CLI claimed it before Hydra wrote there (ClaimRunDir): a no-op then.
+            own = Path(cfg.resume).parent.parent if cfg.resume else None
+            claim_run_dir(run_dir, resuming=own, job_name=HydraConfig.get().job.name)
             # auto's one resolution: no algorithm resolves it again.
             cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(c, algo))
             cfg = algo.runs(cfg)
@@ -321,14 +342,6 @@ def _hydra_main(dcfg: DictConfig) -> float:
     return run(dcfg)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (preemption, ``kill``): handled exactly like Ctrl-C."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
 def version() -> str:
     """This package's installed version (its metadata), else the source tree's."""
     from importlib.metadata import PackageNotFoundError
@@ -342,44 +355,7 @@ def version() -> str:
         return __version__
 
 
-_RUN_DIR: Path | None = None  # the run dir of this process's run, once ``run`` knows it
-
-
-def saved_since(run_dir: Path | None, since: float) -> Path | None:
-    """The newest checkpoint written into ``run_dir`` at or after ``since`` (a time.time()),
-    or None: what the interrupted message may claim, read from the disk rather than assumed
-    (a SIGTERM during start-up used to say "checkpoint saved" when none was written)."""
-    from impala_gpu.reporting.checkpoint import CKPT_DIR
-
-    if run_dir is None or not (run_dir / CKPT_DIR).is_dir():
-        return None
-    fresh = []
-    for p in (run_dir / CKPT_DIR).glob("*.pt"):
-        try:
-            if p.stat().st_mtime >= since:
-                fresh.append((p.stat().st_mtime, p))
-        except OSError:  # pruned meanwhile
-            continue
-    return max(fresh)[1] if fresh else None
-
-
-def interrupted_message(how: str, run_dir: Path | None, since: float) -> str:
-    """The last line after Ctrl-C or SIGTERM: what was saved, if anything."""
-    saved = saved_since(run_dir, since)
-    if saved is not None:
-        return (
-            f"impala_gpu: {how}; checkpoint saved ({saved}); actors stopped, shared memory freed."
-        )
-    if run_dir is None:
-        return f"impala_gpu: {how} before the run started; no checkpoint was written."
-    return (
-        f"impala_gpu: {how} during start-up, before training began: no checkpoint was written "
-        f"in {run_dir}, so resume= has nothing to continue there."
-    )
-
-
 def main() -> None:
-    started = time.time()
     if "--version" in sys.argv[1:]:
         print(f"impala_gpu {version()}")  # then Hydra's own --version line, and exit 0
     from impala_gpu.overrides import check_command_line
@@ -390,13 +366,20 @@ def main() -> None:
     except ConfigError as e:
         exit_config_error(e)
     # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    stopping.install()
     try:
         _hydra_main()
     except KeyboardInterrupt as e:
+        from impala_gpu.reporting.run import interrupted_text
+
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(interrupted_message(how, _RUN_DIR, started), file=sys.stderr)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        print(f"impala_gpu: {how}; {interrupted_text()}", file=sys.stderr)
+        # CPython quirk: a KeyboardInterrupt that left an exec() of a string (dataclasses
+        # builds methods so, in torch's lazy imports during calibration) marks the interpreter
+        # to kill itself by SIGINT at exit, whatever exit code follows; an exec of a string
+        # that completes clears that mark, so the exit code is 130/143 every time.
+        exec("")
+        sys.exit(stopping.exit_code(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
     # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from impala_gpu.cli import CONF_DIR, CheckConfig, check_start, interrupted_message
+from impala_gpu.cli import CONF_DIR, CheckConfig, check_start
 from impala_gpu.config import Config, EnvCfg, ModelCfg, register_configs, to_container
 from impala_gpu.envs import env_spec, validate_env_id
 from impala_gpu.evaluate import EvalCfg, evaluate
@@ -252,22 +252,6 @@ def test_the_whole_unrolls_fix_is_fewer_envs_not_a_huge_batch():
     cfg = dataclasses.replace(cfg, num_actors=1, envs_per_actor=48, precision="fp32")
     with pytest.raises(ConfigError, match=r"Fix: envs_per_actor=16 \(or a divisor of 16\)"):
         validate_config(cfg, allow_auto=True)
-
-
-def test_the_interrupted_message_claims_a_checkpoint_only_when_one_was_written(tmp_path):
-    import time
-
-    since = time.time() - 1
-    none = interrupted_message("terminated", tmp_path, since)
-    assert "checkpoint saved" not in none and "no checkpoint was written" in none
-    assert "checkpoint saved" not in interrupted_message("terminated", None, since)
-    ckpt = tmp_path / "checkpoints" / "ckpt_000000001000.pt"
-    ckpt.parent.mkdir()
-    ckpt.write_bytes(b"")
-    assert f"checkpoint saved ({ckpt})" in interrupted_message("terminated", tmp_path, since)
-    old = since - 3600  # a resumed run's earlier checkpoints are not this process's
-    os.utime(ckpt, (old, old))
-    assert "checkpoint saved" not in interrupted_message("interrupted", tmp_path, since)
 
 
 def test_evaluate_names_the_real_cause_of_a_cut_game(tmp_path, capsys):

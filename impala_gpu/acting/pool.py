@@ -20,6 +20,7 @@ from impala_gpu.acting.actor import ACTOR_HEARTBEAT_NS, ACTOR_UNROLLS, ActorHand
 from impala_gpu.channels.ring import SlotManager
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds
+from impala_gpu.reporting import stopping
 from impala_gpu.reporting.telemetry import Telemetry
 
 STARTUP_GRACE_S = 120.0  # the least silence that counts as hung before an actor's first beat
@@ -138,8 +139,9 @@ class ActorPool:
             name=f"actor-{i}",
             daemon=True,
         )
-        p.start()
-        self.procs[i] = p
+        with stopping.deferred():  # a child whose start-up data was cut short dies loudly
+            p.start()
+            self.procs[i] = p
         # Its first unroll logs actor_ready (and how long the start-up took).
         self.pending_ready[i] = (time.monotonic(), int(self.handles.counters[i, ACTOR_UNROLLS]))
 
@@ -217,5 +219,13 @@ class ActorPool:
         )
 
     def join(self, timeout: float = 10.0) -> None:
-        """Wait for the actors to leave (after ``handles.stop``), draining their messages."""
+        """Wait for the actors to leave (after ``handles.stop``), draining their messages. An
+        actor that has not written its first unroll is stopped at once: it is still importing
+        or building its envs (minutes for a large ``envs_per_actor``) and would notice
+        ``stop`` only after that; it has no work to finish and has put nothing on a queue."""
+        for i, (_, unrolls) in self.pending_ready.items():
+            p = self.procs[i]
+            if p is not None and p.is_alive():
+                if int(self.handles.counters[i, ACTOR_UNROLLS]) == unrolls:
+                    p.terminate()
         stop_processes(self.procs, self.drain, timeout)

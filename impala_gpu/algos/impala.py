@@ -112,13 +112,33 @@ class DataPath:
     def build(
         cls, cfg: Config, spec: EnvSpec, device: torch.device, learner: Learner, run: Run
     ) -> DataPath:
-        progress = run.progress
         ctx = mp.get_context(cfg.start_method)
         ring = TrajectoryRing(
             ring_spec(cfg, spec, num_slots=resolve_num_slots(cfg)),
             cfg.num_actors,
             ctx,
         )
+        try:
+            return cls._build(cfg, spec, device, learner, run, ctx, ring)
+        except BaseException:
+            # A Ctrl-C here (handing out a large ring's slots takes seconds): the free queues
+            # hold more than their pipes take, with no actor to read them, and exit would wait
+            # on their feeder threads for good. close() cancels that wait.
+            ring.close()
+            raise
+
+    @classmethod
+    def _build(
+        cls,
+        cfg: Config,
+        spec: EnvSpec,
+        device: torch.device,
+        learner: Learner,
+        run: Run,
+        ctx: mp.context.BaseContext,
+        ring: TrajectoryRing,
+    ) -> DataPath:
+        progress = run.progress
         slots = SlotManager(ring)
         bounded = cfg.bounded_lag is not None
         params = ParamStore.for_model(

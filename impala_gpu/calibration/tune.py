@@ -103,6 +103,16 @@ def _measure_missing(entry, cfg, spec, device, cost: CostModel, cands, w: Worklo
     return fresh
 
 
+def _lacks(entry, cost: CostModel, cands, w: Workload) -> bool:
+    """Whether ``entry`` lacks a timing ``_measure_missing`` would take for ``cands``."""
+    for c in cands:
+        if timing_key(cost.learner_timing(c, w)) not in entry["learner_step_s"]:
+            return True
+        if timing_key(policy_timing(c)) not in entry["policy_step_s"]:
+            return True
+    return entry["env_step_s"] is None
+
+
 def _timings(entry) -> Timings:
     return Timings(entry["learner_step_s"], entry["policy_step_s"], entry["env_step_s"])
 
@@ -116,6 +126,13 @@ def timings_for(
     not cached (a cached figure is trusted by every later run, and by nothing else)."""
     path, key, w = cache_path(), entry_key(cfg, device), workload(cfg, device)
     cached = cached_entry(cfg, device)
+    if _lacks(cached, cost, cands, w):  # seconds of silence otherwise: say what runs
+        print(
+            f"impala_gpu: auto: measuring this machine for {', '.join(auto_keys(cfg))} "
+            f"(seconds, once per workload; cached in {path})",
+            file=sys.stderr,
+            flush=True,
+        )
     for attempt in range(1, MEASURE_TRIES + 1):
         entry = json.loads(json.dumps(cached))  # a copy: a noisy attempt adds nothing to it
         with OtherLoad() as load:

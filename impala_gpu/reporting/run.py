@@ -37,6 +37,20 @@ from impala_gpu.reporting.summary import print_summary
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.validate import ConfigError
 
+# The checkpoint this process saved last (a run's final one on Ctrl-C/SIGTERM): what the CLI's
+# last line may claim was saved. A trial's (auto) lay in a temporary dir, gone by then.
+_LAST_SAVED: list[Path] = []
+
+
+def interrupted_text() -> str:
+    """What a Ctrl-C/SIGTERM left, for the CLI's last line: true whether or not the run got
+    as far as saving a checkpoint (one stopped while starting up or calibrating has none; a
+    resume stopped so keeps the checkpoints it was resumed from)."""
+    saved = _LAST_SAVED[-1] if _LAST_SAVED else None
+    if saved is not None and saved.exists():
+        return f"checkpoint saved ({saved}), actors stopped, shared memory freed."
+    return "stopped before saving a checkpoint (this command wrote none); no process left."
+
 
 def say(text: str) -> None:
     """One console line of the run, on stderr, prefixed like every other."""
@@ -170,7 +184,12 @@ class Run:
 
     def progress_bar(self) -> Progress:
         cfg = self.cfg
-        return Progress(cfg.total_frames, enabled=cfg.progress, target_return=cfg.target_return)
+        return Progress(
+            cfg.total_frames,
+            enabled=cfg.progress,
+            target_return=cfg.target_return,
+            start=self.progress.start,  # a resumed run's elapsed time goes on from its own
+        )
 
     def on_event(self, event: dict) -> None:
         """An actor-pool event: into events.jsonl, and replacements onto the console."""
@@ -212,7 +231,9 @@ class Run:
             "wandb_id": self.logger.wandb_id,
             **tele.episode_record(),
         }
-        return self.checkpointer.save(checkpoint, p.frames, tele.mean_return())
+        path = self.checkpointer.save(checkpoint, p.frames, tele.mean_return())
+        _LAST_SAVED[:] = [path]
+        return path
 
     def end(self, checkpoint: Path, model: nn.Module, interrupted: bool = False) -> None:
         """After the final checkpoint (also on Ctrl-C/SIGTERM): the final weights, then the

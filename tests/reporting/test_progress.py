@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import time
 from pathlib import Path
+
+import pytest
+from rich.console import Console
 
 from impala_gpu.reporting.progress import Progress, eta_text, short_count
 from impala_gpu.reporting.summary import RunEnd, format_duration, summary_text
@@ -34,6 +39,47 @@ def test_plain_line_has_elapsed_and_eta(capsys):
     assert "(or sooner at return 475) | fps 1,000 | return 30.0" in err
     Progress(2_000_000, enabled=False).update(1, m)
     assert capsys.readouterr().err == ""
+
+
+METRICS = {
+    "frames_per_s": 5000.0,
+    "episode_return": -20.25,
+    "learner_busy": 0.8,
+    "learner_wait": 0.1,
+    "policy_lag_mean": 2.5,
+}
+
+
+def _terminal_line(width: int, frames: int, m: dict, elapsed_s: float = 185.0) -> str:
+    """The progress line as rich draws it on a terminal ``width`` columns wide."""
+    console = Console(width=width, record=True, file=io.StringIO())
+    bar = Progress(10_000_000, target_return=18, start=time.perf_counter() - elapsed_s,
+                   console=console)  # fmt: skip
+    bar.update(frames, m)
+    bar.close()  # draws the last state
+    lines = console.export_text().splitlines()
+    assert len(lines) == 1, lines  # never wrapped
+    return lines[0]
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_the_terminal_line_shows_frames_elapsed_eta_and_return_at_any_width(width):
+    """Before: at 80 columns rich's columns cut the frame count and the elapsed time, and at
+    160 the elapsed time still read ``0:00:…``."""
+    line = _terminal_line(width, 1_234_560, METRICS)
+    assert len(line) < width
+    for field in ("frames 1.235M/10M", "elapsed 3m05s", "ETA 29m13s", "return -20.2"):
+        assert f"{field}" in line, (field, line)
+    if width == 160:  # room for the rest
+        assert "ETA 29m13s (or sooner at return 18)" in line and line.startswith("━")
+        assert line.endswith("| fps 5,000 | busy 80% wait 10% | lag 2.5")
+
+
+def test_the_terminal_line_before_the_first_metrics_and_on_a_narrow_terminal():
+    before = _terminal_line(80, 0, {}, 3660)
+    assert before == "frames 0/10M | elapsed 1h01m | ETA ? (or sooner at return 18) | return n/a"
+    narrow = _terminal_line(40, 1_234_560, METRICS)
+    assert narrow.startswith("frames 1.235M/10M | elapsed 3m05s")
 
 
 def _end(**kw) -> RunEnd:
