@@ -5,7 +5,7 @@
         precision=bf16 total_frames=6000000 algo.lr_decay_frames=10000000
 
 Each cell is ``python -m impala_gpu run_dir=OUT/NAME <common overrides> <cell overrides>``, so a
-cell's overrides win. A cell whose run dir already holds ``model.pt`` (a finished run) is skipped;
+cell's overrides win. A cell whose run reached its end (``finished``) is skipped;
 one that holds a checkpoint is resumed, so a stopped sweep continues where it was. Runs with
 ``bounded_lag`` see the same data whatever the wall-clock, so running two side by side changes
 only their minutes, never their frames. SIGTERM or Ctrl-C stops every run the way the CLI stops
@@ -15,11 +15,14 @@ on its own: each writes its checkpoint and metrics.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,9 +34,25 @@ def parse_cell(text: str) -> tuple[str, list[str]]:
     return name, overrides.split()
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` got to its end: its last metrics line reached
+    ``total_frames`` or ``target_return``. (``model.pt`` does not say so: a run stopped by
+    SIGTERM writes it too.)"""
+    metrics, config = run_dir / "metrics.jsonl", run_dir / "config.yaml"
+    if not (metrics.exists() and config.exists()):
+        return False
+    lines = metrics.read_text().splitlines()
+    if not lines:
+        return False
+    last, cfg = json.loads(lines[-1]), yaml.safe_load(config.read_text())
+    target = cfg.get("target_return")
+    reached = target is not None and (last.get("episode_return") or float("-inf")) >= target
+    return reached or last.get("frames", 0) >= cfg["total_frames"]
+
+
 def command(run_dir: Path, common: list[str], overrides: list[str]) -> list[str] | None:
     """The CLI call that starts or resumes the run in ``run_dir``; None when it has finished."""
-    if (run_dir / "model.pt").exists():
+    if finished(run_dir):
         return None
     if any((run_dir / "checkpoints").glob("*.pt")):
         return [sys.executable, "-m", "impala_gpu", f"resume={run_dir}"]
