@@ -143,15 +143,16 @@ def _threads_writing_a_pipe(pid: int) -> int:
 
 @pytest.mark.slow
 def test_a_signal_while_a_large_ring_is_handed_out_ends_the_run_at_once(tmp_path):
-    """4096 envs per actor: over 16K slots to hand out, seconds of start-up. The signal comes
-    once the free queues' pipes are full, before any actor reads them: the state that hung
-    (exit joined their feeder threads, blocked for good on the full pipes)."""
+    """A ring of 16K slots (1024 envs per actor, the most one may step): seconds of start-up.
+    The signal comes once the free queues' pipes are full, before any actor reads them: the
+    state that hung (exit joined their feeder threads, blocked for good on the full pipes)."""
     shm_before = shm_entries()
     cli = Cli(
         tmp_path,
         "experiment=cartpole_impala",
         "precision=fp32",
-        "envs_per_actor=4096",
+        "envs_per_actor=1024",
+        "num_slots=16384",
         "log_interval_s=1000",
     )
     try:

@@ -180,7 +180,7 @@ def test_missing_resume_checkpoint_fails_before_starting(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 1
-    assert "does not exist" in proc.stderr and "Fix:" in proc.stderr
+    assert "no such file" in proc.stderr and "Fix:" in proc.stderr
 
 
 def test_an_exception_in_the_env_reaches_the_learner_as_the_cause():
