@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from impala_gpu.calibration import apply_auto
 from impala_gpu.cli_help import register_help_resolvers
-from impala_gpu.config import Config, conf_dir, register_configs, save_config
+from impala_gpu.config import Config, ConfigError, conf_dir, register_configs, save_config
+from impala_gpu.overrides import check_command_line
 from impala_gpu.reporting import stopping
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
 from impala_gpu.reporting.rundir import RunDirInUse, claim_run_dir, release_all
@@ -36,6 +37,8 @@ from impala_gpu.sweep import (
     record_failure,
     set_aside_unfinished,
 )
+from impala_gpu.validate import validate_config
+from impala_gpu.validate_inputs import validate_resume, validate_run_dir, writable_target
 
 if TYPE_CHECKING:
     from impala_gpu.algos.registry import Algorithm
@@ -120,7 +123,6 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
             _say_sweep(sweep, "did not finish; resuming it from its last checkpoint")
         elif set_aside_unfinished(point_dir):
             _say_sweep(sweep, f"did not finish; starting again (its files are *{SUPERSEDED})")
-    from impala_gpu.validate import ConfigError, validate_config
 
     if dcfg.resume:
         try:
@@ -177,8 +179,6 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
 
 def check_runnable(cfg: Config, algo: Algorithm) -> None:
     """The full check of the config ``algo`` will run (A2C derives its batch from the actors)."""
-    from impala_gpu.validate import validate_config
-
     with warnings.catch_warnings():  # what algo.runs warns of, it says once, when it applies
         warnings.simplefilter("ignore")
         cfg = algo.runs(cfg)
@@ -215,8 +215,6 @@ def job_config(config: DictConfig) -> Config:
     ``hydra``)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from impala_gpu.validate import ConfigError
-
     job = OmegaConf.to_container(config, resolve=False)
     assert isinstance(job, dict)
     job.pop("hydra", None)
@@ -227,7 +225,7 @@ def job_config(config: DictConfig) -> Config:
         key = getattr(e, "full_key", None) or "the config"
         raise ConfigError(
             f"{key}: {str(e).splitlines()[0]}. Fix: the keys and types of "
-            "impala_gpu/config.py (python -m impala_gpu --help lists the frequent ones)."
+            "impala_gpu/config/schema.py (python -m impala_gpu --help lists the frequent ones)."
         ) from None
 
 
@@ -261,8 +259,6 @@ def _exit_on_config_error(check: Callable[[], None]) -> None:
     because Hydra turns a callback's Exception into a warning and carries on: any other
     exception ends it too, with its traceback (a bug in a check), never a run on a config
     that was not checked (``+foo=1`` once trained Pong after that warning)."""
-    from impala_gpu.validate import ConfigError
-
     try:
         check()
     except ConfigError as e:
@@ -289,9 +285,6 @@ def check_start(config: DictConfig) -> None:
     """A single run's checks before Hydra makes its dir: the config (``validate_config``,
     ``auto`` allowed), and that its run dir can be written; a resumed run's config is
     checked in ``run``, once read from its checkpoint, and here only that there is one."""
-    from impala_gpu.validate import validate_config
-    from impala_gpu.validate_inputs import validate_resume, validate_run_dir, writable_target
-
     if config.get("resume"):
         validate_resume(str(config.resume))
         return
@@ -308,8 +301,6 @@ def check_sweep(config: DictConfig) -> None:
     """Every point of the multirun ``config`` describes, checked (``validate_config`` with
     ``auto`` allowed); one ConfigError names every point that cannot run."""
     from hydra.core.global_hydra import GlobalHydra
-
-    from impala_gpu.validate import ConfigError, validate_config
 
     points = sweep_points(config)
     if points is None:  # another sweeper: its points are checked as each starts
@@ -358,8 +349,6 @@ def version() -> str:
 def main() -> None:
     if "--version" in sys.argv[1:]:
         print(f"impala_gpu {version()}")  # then Hydra's own --version line, and exit 0
-    from impala_gpu.overrides import check_command_line
-    from impala_gpu.validate import ConfigError
 
     try:  # before Hydra composes: a typo'd key, a wrong type, 1e7 for an int (rewritten)
         sys.argv[1:] = check_command_line(sys.argv[1:])

@@ -1,7 +1,5 @@
-"""What this machine has, against what a config asks of it: its devices and ``/dev/shm``.
-
-``validate`` imports this module, so this one takes ``validate``'s names inside its functions.
-"""
+"""What this machine has, against what a config asks of it: ``/dev/shm`` for the ring and the
+parameter store."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from impala_gpu.channels.ring import RingSpec, ring_spec
-from impala_gpu.config import Config
+from impala_gpu.config import Config, ConfigError, min_num_slots, resolve_num_slots
 from impala_gpu.envs import EnvSpec, env_spec
 
 # torch shares CPU tensors through shm_open (both sharing strategies), i.e. files on this
@@ -21,20 +19,6 @@ PARAM_BYTES = 4  # ParamStore keeps float32 copies of the weights
 
 _SPECS: dict[str, EnvSpec] = {}
 _NUM_PARAMS: dict[str, int] = {}
-
-
-def visible_devices() -> str:
-    """The devices a config may name here, e.g. ``cpu, cuda:0 (NVIDIA H100 80GB HBM3)``, with
-    ``CUDA_VISIBLE_DEVICES`` when it is set (it hides the rest)."""
-    names = ["cpu"]
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for i in range(count):
-        try:
-            names.append(f"cuda:{i} ({torch.cuda.get_device_name(i)})")
-        except (RuntimeError, AssertionError):  # a driver that cannot name it
-            names.append(f"cuda:{i}")
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return ", ".join(names) + (f" (CUDA_VISIBLE_DEVICES={mask!r})" if mask is not None else "")
 
 
 def cached_env_spec(cfg: Config) -> EnvSpec:
@@ -117,8 +101,6 @@ def validate_shared_memory(cfg: Config) -> None:
     """The ring and the parameter store fit in ``/dev/shm`` (64 MiB in a default Docker
     container). A ring that does not fit fails at its first write, with SIGBUS, after the
     actors started: here it is a ConfigError before any process or file."""
-    from impala_gpu.validate import ConfigError, min_num_slots, resolve_num_slots
-
     free = shm_free_bytes()
     if free is None:  # no /dev/shm here: nothing to measure
         return

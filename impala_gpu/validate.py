@@ -7,56 +7,27 @@ import math
 
 import torch
 
-from impala_gpu.config import AUTO, Config, auto_keys, fresh_batch_size
+from impala_gpu.config import (
+    AUTO,
+    Config,
+    ConfigError,
+    auto_keys,
+    fresh_batch_size,
+    min_num_slots,
+    resolve_device,
+    visible_devices,
+)
+from impala_gpu.config import require as _require
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
-from impala_gpu.errors import ConfigError
-from impala_gpu.errors import require as _require
 from impala_gpu.learning.distributed import learners_on_this_box
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
 from impala_gpu.reporting.logger import WANDB_MODES
-from impala_gpu.resources import validate_shared_memory, visible_devices
+from impala_gpu.resources import validate_shared_memory
 from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
 from impala_gpu.speed import PRECISIONS
 from impala_gpu.validate_inputs import validate_inputs, validate_runtime
 from impala_gpu.validate_sizes import validate_env_counts, validate_memory
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto``: cuda when present, else cpu. ``cuda`` without CUDA is an error, not a fallback,
-    and so is ``cuda:N`` past the last visible GPU (it would fail later, at ``.to(device)``)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda"):
-        try:
-            parsed = torch.device(device)
-        except RuntimeError:
-            parsed = torch.device("cpu")  # not a CUDA device string: the error below
-        _require(
-            parsed.type == "cuda",
-            f"device={device!r} is not one of auto, cpu, cuda, cuda:N. Fix: device=cuda:0.",
-        )
-        _require(
-            torch.cuda.is_available(),
-            f"device={device} but CUDA is not available (torch {torch.__version__}, "
-            f"built with CUDA {torch.version.cuda}; devices here: {visible_devices()}). Fix: "
-            "device=auto or device=cpu, or install a CUDA build of torch.",
-        )
-        count = torch.cuda.device_count()
-        _require(
-            parsed.index is None or parsed.index < count,
-            f"device={device} but this machine has {count} visible CUDA device(s): "
-            f"{visible_devices()}. Fix: device=cuda:{count - 1} or lower (or device=cuda, the "
-            "first), or make that GPU visible (CUDA_VISIBLE_DEVICES).",
-        )
-        return parsed
-    _require(
-        device == "cpu",
-        f"device={device!r} is not one of auto, cpu, cuda, cuda:N. Fix: device=auto (cuda when "
-        "present, else cpu).",
-    )
-    return torch.device("cpu")
-
 
 ALGO_NAMES = ("impala", "impala_nocorrection", "a2c", "a3c")  # algos.registry's names
 
@@ -74,28 +45,6 @@ def check_values(cfg: Config) -> None:
             raise ConfigError(
                 f"{key}={v!r} must be a positive integer or auto. Fix: {key}=auto or {key}=2."
             )
-
-
-def _count(v: int | str) -> int:
-    """An actor or env count, with ``auto`` as its least possible value (1): what can be
-    checked before the calibration chooses it."""
-    return 1 if v == AUTO else int(v)
-
-
-def min_num_slots(cfg: Config) -> int:
-    """Fewest slots that cannot deadlock: a batch being collected plus one unroll per actor
-    (an ``auto`` count as 1, its least, so the check can run before the calibration)."""
-    return cfg.batch_size + _count(cfg.num_actors) * _count(cfg.envs_per_actor)
-
-
-def resolve_num_slots(cfg: Config) -> int:
-    """``num_slots``, or the auto size for 0 (an ``auto`` count as 1, its least, as in
-    ``min_num_slots``; a resolved config has none)."""
-    if cfg.num_slots:
-        return cfg.num_slots
-    ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2
-    # Room for every env to run one unroll ahead while batches are assembled.
-    return ahead * cfg.batch_size + 2 * _count(cfg.num_actors) * _count(cfg.envs_per_actor)
 
 
 def validate_replay(cfg: Config) -> None:
@@ -269,7 +218,7 @@ def validate_numbers(cfg: Config) -> None:
         _require(
             _finite(v) and v >= 0,
             f"algo.{key}={v} must be a finite number >= 0. Fix: algo.{key}=0 (off) or its "
-            "default (impala_gpu/config.py).",
+            "default (impala_gpu/config/schema.py).",
         )
     _require(
         cfg.wandb.mode in WANDB_MODES,

@@ -12,10 +12,10 @@ from leakcheck import read_events, read_metrics, run_cli
 from ringdata import random_batch
 
 from impala_gpu import speed
-from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
+from impala_gpu.config import AlgoCfg, Config, ConfigError, EnvCfg, ModelCfg
 from impala_gpu.learning.learner import STAT_NAMES, Batch, Learner
 from impala_gpu.models import build_model
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.validate import validate_config
 
 ATARI_OBS, ATARI_ACTIONS = (4, 84, 84), 6
 LOSS_STATS = [STAT_NAMES.index(n) for n in ("total_loss", "pg_loss", "baseline_loss", "entropy")]

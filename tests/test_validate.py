@@ -17,9 +17,9 @@ import torch
 from impala_gpu import resources
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import TrajectoryRing, ring_spec
-from impala_gpu.config import Config, EnvCfg, ModelCfg
+from impala_gpu.config import Config, ConfigError, EnvCfg, ModelCfg, resolve_device
 from impala_gpu.models import build_model
-from impala_gpu.validate import ConfigError, resolve_device, validate_config
+from impala_gpu.validate import validate_config
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -44,7 +44,7 @@ from impala_gpu.acting.rollout import (
     sample_action,
 )
 from impala_gpu.channels.ring import STEP_FIELDS, numpy_to_torch_dtype
-from impala_gpu.config import Config
+from impala_gpu.config import Config, ConfigError, resolve_device
 from impala_gpu.envs import EnvSpec, derive_seeds, env_spec
 from impala_gpu.learning.hogwild import (
     HogwildStep,
@@ -58,7 +58,7 @@ from impala_gpu.models import CoreState, Policy, build_model
 from impala_gpu.reporting import health
 from impala_gpu.reporting.run import Resume, Run, StopRule
 from impala_gpu.reporting.telemetry import Telemetry
-from impala_gpu.validate import ConfigError, resolve_device, validate_config
+from impala_gpu.validate import validate_config
 
 # Columns of the shared per-worker counters [num_actors + 1, NUM_WORKER_COUNTERS] (IMPALA's
 # actors keep their own layout, ``acting.actor.ACTOR_*``). Each worker writes only its own row,

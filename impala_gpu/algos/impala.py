@@ -28,7 +28,7 @@ from impala_gpu.calibration import measured_alternatives
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.publisher import ParamPublisher
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
-from impala_gpu.config import Config, fresh_batch_size
+from impala_gpu.config import Config, fresh_batch_size, resolve_device, resolve_num_slots
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
@@ -38,7 +38,7 @@ from impala_gpu.reporting.run import Resume, Run, StopRule, say
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.reporting.tuning import diagnose
 from impala_gpu.speed import allocator, learner_threads
-from impala_gpu.validate import resolve_device, resolve_num_slots, validate_config
+from impala_gpu.validate import validate_config
 
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
