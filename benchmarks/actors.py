@@ -31,7 +31,7 @@ from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, nump
 from impala_gpu.config import Config, EnvCfg, ModelCfg, resolve_num_slots  # noqa: E402
 from impala_gpu.envs import env_spec, make_vector_env  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
 
 
 def raw_worker(env_cfg: EnvCfg, num_envs: int, seconds: float, seed: int, out) -> None:

@@ -51,7 +51,7 @@ from impala_gpu.config import Config, EnvCfg  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batcher  # noqa: E402
 from impala_gpu.learning.learner import build_learner  # noqa: E402
-from impala_gpu.speed import learner_threads  # noqa: E402
+from impala_gpu.speed.threads import learner_threads  # noqa: E402
 
 STAGES = ("preflight", "cartpole", "learner", "ring", "e2e")
 LEARNER_CORES = 2  # the learner process: its train thread and the Batcher's gather thread

@@ -37,7 +37,7 @@ from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
 from impala_gpu.learning.learner import Learner, make_optimizer  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
 
 
 def random_slot(ring: TrajectoryRing, seed: int) -> dict[str, torch.Tensor]:

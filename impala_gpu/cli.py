@@ -27,7 +27,7 @@ from impala_gpu.reporting import stopping
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
 from impala_gpu.reporting.rundir import RunDirInUse, claim_run_dir, release_all
 from impala_gpu.reporting.stopping import Terminated
-from impala_gpu.speed import reexec_with_tcmalloc
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
     LAST_SWEEP_FAILURES,
@@ -375,6 +375,6 @@ def main() -> None:
 
 def entry() -> None:
     """Command-line entry: restart under tcmalloc when it is installed (see
-    ``impala_gpu/speed.py``), then ``main``."""
+    ``impala_gpu/speed/tcmalloc.py``), then ``main``."""
     reexec_with_tcmalloc()
     main()

@@ -25,7 +25,7 @@ from impala_gpu.models import MODEL_NAMES
 from impala_gpu.reporting.logger import WANDB_MODES
 from impala_gpu.resources import validate_shared_memory
 from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
-from impala_gpu.speed import PRECISIONS
+from impala_gpu.speed.precision import PRECISIONS
 from impala_gpu.validate_inputs import validate_inputs, validate_runtime
 from impala_gpu.validate_sizes import validate_env_counts, validate_memory
 

@@ -37,7 +37,8 @@ from impala_gpu.reporting import health
 from impala_gpu.reporting.run import Resume, Run, StopRule, say
 from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.reporting.tuning import diagnose
-from impala_gpu.speed import allocator, learner_threads
+from impala_gpu.speed.tcmalloc import allocator
+from impala_gpu.speed.threads import learner_threads
 from impala_gpu.validate import validate_config
 
 

@@ -32,7 +32,7 @@ from impala_gpu.config import Config, ConfigError, resolve_device
 from impala_gpu.envs import env_spec
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.learner import build_learner
-from impala_gpu.speed import learner_threads
+from impala_gpu.speed.threads import learner_threads
 
 GO, STOP = 1, 0
 BOOL_FIELDS = ("terminated", "truncated", "first")  # carried as uint8

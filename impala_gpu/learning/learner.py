@@ -31,7 +31,8 @@ from impala_gpu.rl.losses import (
     discounts_from_terminated,
     impala_loss,
 )
-from impala_gpu.speed import autocast, compile_model
+from impala_gpu.speed.compile import compile_model
+from impala_gpu.speed.precision import autocast
 
 STAT_NAMES = (
     "total_loss",
