@@ -21,7 +21,7 @@ from impala_gpu.channels.ring import SlotManager
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds
 from impala_gpu.reporting import stopping
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry.window import Telemetry
 
 STARTUP_GRACE_S = 120.0  # the least silence that counts as hung before an actor's first beat
 

@@ -55,9 +55,9 @@ from impala_gpu.learning.hogwild import (
 from impala_gpu.learning.learner import STAT_NAMES, Batch, Learner, NonfiniteGuard
 from impala_gpu.learning.optim import lr_factor
 from impala_gpu.models import CoreState, Policy, build_model
-from impala_gpu.reporting import health
 from impala_gpu.reporting.run import Resume, Run, StopRule
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry import health
+from impala_gpu.telemetry.window import Telemetry
 from impala_gpu.validate import validate_config
 
 # Columns of the shared per-worker counters [num_actors + 1, NUM_WORKER_COUNTERS] (IMPALA's

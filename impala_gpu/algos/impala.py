@@ -33,12 +33,12 @@ from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
 from impala_gpu.learning.learner import STAT_NAMES, Learner, build_learner
-from impala_gpu.reporting import health
 from impala_gpu.reporting.run import Resume, Run, StopRule, say
-from impala_gpu.reporting.telemetry import Telemetry
 from impala_gpu.reporting.tuning import diagnose
 from impala_gpu.speed.tcmalloc import allocator
 from impala_gpu.speed.threads import learner_threads
+from impala_gpu.telemetry import health
+from impala_gpu.telemetry.window import Telemetry
 from impala_gpu.validate import validate_config
 
 

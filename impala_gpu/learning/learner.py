@@ -23,8 +23,6 @@ from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import make_lr_scheduler, make_optimizer
 from impala_gpu.learning.shards import LOSS_STATS, ShardThreads, loss_stats
 from impala_gpu.models import PolicyOutput, build_model
-from impala_gpu.reporting import health
-from impala_gpu.reporting.health import layer_grad_norms
 from impala_gpu.rl.losses import (
     LossOutput,
     MomentsReduce,
@@ -33,6 +31,8 @@ from impala_gpu.rl.losses import (
 )
 from impala_gpu.speed.compile import compile_model
 from impala_gpu.speed.precision import autocast
+from impala_gpu.telemetry import health
+from impala_gpu.telemetry.health import layer_grad_norms
 
 STAT_NAMES = (
     "total_loss",

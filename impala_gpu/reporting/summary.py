@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from impala_gpu.reporting.logger import MetricsLogger
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry.window import Telemetry
 
 
 @dataclass(frozen=True)

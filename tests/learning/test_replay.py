@@ -16,7 +16,7 @@ from impala_gpu.channels.ring import STEP_FIELDS, SlotManager, TrajectoryRing
 from impala_gpu.config import AlgoCfg, Config, ConfigError, EnvCfg, ReplayCfg, fresh_batch_size
 from impala_gpu.learning.batcher import Batcher, _alloc_batch
 from impala_gpu.learning.replay import ReplayBuffer
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry.window import Telemetry
 from impala_gpu.validate import validate_config
 
 
