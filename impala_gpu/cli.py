@@ -19,14 +19,15 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from impala_gpu import interrupts
 from impala_gpu.calibration import apply_auto
 from impala_gpu.cli_help import register_help_resolvers
 from impala_gpu.config import Config, ConfigError, conf_dir, register_configs, save_config
+from impala_gpu.interrupts import Terminated
+from impala_gpu.lifecycle.run import interrupted_text
+from impala_gpu.lifecycle.rundir import RunDirInUse, claim_run_dir, release_all
 from impala_gpu.overrides import check_command_line
-from impala_gpu.reporting import stopping
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
-from impala_gpu.reporting.rundir import RunDirInUse, claim_run_dir, release_all
-from impala_gpu.reporting.stopping import Terminated
 from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
@@ -93,7 +94,7 @@ def resume_config(resume: str, overrides: list[str]) -> DictConfig:
 
 def run(dcfg: DictConfig) -> float:
     """One run (or one sweep point). Returns the final mean return, the sweepers' objective.
-    Its run dir is locked for it (``reporting.rundir``) until it returns."""
+    Its run dir is locked for it (``lifecycle.rundir``) until it returns."""
     hydra_dir, sweep = _sweep_info()
     try:
         if sweep:  # a sweep point's dir: the sweep's own rules below decide what it holds
@@ -355,12 +356,10 @@ def main() -> None:
     except ConfigError as e:
         exit_config_error(e)
     # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
-    stopping.install()
+    interrupts.install()
     try:
         _hydra_main()
     except KeyboardInterrupt as e:
-        from impala_gpu.reporting.run import interrupted_text
-
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
         print(f"impala_gpu: {how}; {interrupted_text()}", file=sys.stderr)
         # CPython quirk: a KeyboardInterrupt that left an exec() of a string (dataclasses
@@ -368,7 +367,9 @@ def main() -> None:
         # to kill itself by SIGINT at exit, whatever exit code follows; an exec of a string
         # that completes clears that mark, so the exit code is 130/143 every time.
         exec("")
-        sys.exit(stopping.exit_code(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
+        sys.exit(
+            interrupts.exit_code(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        )
     # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)
 

@@ -6,7 +6,7 @@ copies the shared weights into its local model, rolls out ``unroll_length`` step
 envs with them, computes the n-step actor-critic loss on that (on-policy) rollout, and applies
 its gradient to the shared model without a lock. The main process only watches: it gathers the
 workers' reports and logs the same metrics IMPALA logs, through the same run scaffolding
-(``reporting.run``), so the two baselines compare field by field, network health included
+(``lifecycle.run``), so the two baselines compare field by field, network health included
 (worker 0 measures dead units and logit spread on its own rollout each log interval; every
 worker reports per-layer gradient norms).
 
@@ -54,8 +54,8 @@ from impala_gpu.learning.hogwild import (
 )
 from impala_gpu.learning.learner import STAT_NAMES, Batch, Learner, NonfiniteGuard
 from impala_gpu.learning.optim import lr_factor
+from impala_gpu.lifecycle.run import Resume, Run, StopRule
 from impala_gpu.models import CoreState, Policy, build_model
-from impala_gpu.reporting.run import Resume, Run, StopRule
 from impala_gpu.telemetry import health
 from impala_gpu.telemetry.window import Telemetry
 from impala_gpu.validate import validate_config

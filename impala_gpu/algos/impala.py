@@ -1,7 +1,7 @@
 """IMPALA: asynchronous CPU actors, a shared-memory trajectory ring, a V-trace learner.
 
 Top to bottom: ``train`` builds the learner (``build_learner``: model, optimizer, schedule, a
-resumed run's state), the reporting (``reporting.run.Run``: metrics, checkpoints, health
+resumed run's state), the reporting (``lifecycle.run.Run``: metrics, checkpoints, health
 warnings, the stop rule) and the data path (``DataPath.build``: ring, parameter store, actors,
 batcher); then ``learn`` repeats get a batch, ``update``, publish, log and checkpoint until
 the stop rule ends the run. Every exit path saves a checkpoint and closes the data path: no
@@ -33,7 +33,7 @@ from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
 from impala_gpu.learning.learner import STAT_NAMES, Learner, build_learner
-from impala_gpu.reporting.run import Resume, Run, StopRule, say
+from impala_gpu.lifecycle.run import Resume, Run, StopRule, say
 from impala_gpu.reporting.tuning import diagnose
 from impala_gpu.speed.tcmalloc import allocator
 from impala_gpu.speed.threads import learner_threads

@@ -406,7 +406,7 @@ def build_learner(
     data_parallel: Callable[..., Parallel] | None = None,
 ) -> Learner:
     """The model, optimizer, LR schedule and non-finite guard. A resumed run's
-    ``restore(model, optimizer=, scheduler=)`` (``reporting.run.Resume.load``) loads them from
+    ``restore(model, optimizer=, scheduler=)`` (``lifecycle.run.Resume.load``) loads them from
     its checkpoint before ``data_parallel(model, optimizer, scheduler)`` (learners > 1) hands
     them to the other ranks, so every rank starts from the checkpoint."""
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)

@@ -1,6 +1,6 @@
 """The end of a run on the console: what it reached and where its files and curves are.
 
-Every algorithm calls ``print_summary`` (through ``reporting.run.Run.end``) after the final
+Every algorithm calls ``print_summary`` (through ``lifecycle.run.Run.end``) after the final
 checkpoint is saved, on a normal end and on Ctrl-C/SIGTERM alike, so a user always learns where
 the weights went and how to look at the run.
 """

@@ -11,8 +11,8 @@ import torch
 from leakcheck import read_events
 
 from impala_gpu.config import CheckpointCfg, Config, ConfigError, EnvCfg, ModelCfg, WandbCfg
+from impala_gpu.lifecycle.run import Resume, Run, RunProgress, StopRule
 from impala_gpu.models import build_model
-from impala_gpu.reporting.run import Resume, Run, RunProgress, StopRule
 from impala_gpu.telemetry.window import Telemetry
 
 
