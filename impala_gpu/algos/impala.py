@@ -25,6 +25,7 @@ from torch import Tensor
 from impala_gpu.acting.actor import ACTOR_IDLE_NS, ACTOR_STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool, Pool, PoolSetup
 from impala_gpu.calibration import measured_alternatives
+from impala_gpu.calibration.hint import diagnose
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.publisher import ParamPublisher
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
@@ -34,7 +35,6 @@ from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
 from impala_gpu.learning.learner import STAT_NAMES, Learner, build_learner
 from impala_gpu.lifecycle.run import Resume, Run, StopRule, say
-from impala_gpu.reporting.tuning import diagnose
 from impala_gpu.speed.tcmalloc import allocator
 from impala_gpu.speed.threads import learner_threads
 from impala_gpu.telemetry import health
