@@ -38,7 +38,7 @@ from impala_gpu.sweep import (
     record_failure,
     set_aside_unfinished,
 )
-from impala_gpu.validate import validate_config
+from impala_gpu.validate import validate_config, validate_run_config
 from impala_gpu.validate_inputs import validate_resume, validate_run_dir, writable_target
 
 if TYPE_CHECKING:
@@ -141,9 +141,10 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
     from impala_gpu.learning.distributed import torchrun_rendezvous
 
     try:
-        # Everything auto does not decide, before the calibration (seconds to minutes), any
-        # process or any file; the rest once auto has chosen, before config.yaml is written.
-        validate_config(cfg, allow_auto=True)
+        # The callback's verdict (a resume, or a point of a sweeper that draws its points as
+        # it goes, is checked here): before the calibration, any process or any file.
+        check_config(cfg)
+        checked = cfg
         algo = algorithm(cfg.algo.name)
         rank = torchrun_rendezvous()
         if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
@@ -151,7 +152,7 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
             own = Path(cfg.resume).parent.parent if cfg.resume else None
             claim_run_dir(run_dir, resuming=own, job_name=HydraConfig.get().job.name)
             # auto's one resolution: no algorithm resolves it again.
-            cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(c, algo))
+            cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(checked, c, algo))
             cfg = algo.runs(cfg)
             save_config(cfg, run_dir)  # config.yaml records what runs, auto's choice included
     except ConfigError as e:
@@ -178,12 +179,25 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
     return objective
 
 
-def check_runnable(cfg: Config, algo: Algorithm) -> None:
-    """The full check of the config ``algo`` will run (A2C derives its batch from the actors)."""
+# The configs validate_config passed in this process: the Hydra callbacks check each before
+# Hydra makes its run dir, and ``_run`` takes their verdict instead of checking again.
+_CHECKED: list[Config] = []
+
+
+def check_config(cfg: Config) -> None:
+    """``validate_config`` with ``auto`` allowed, once per config in this process."""
+    if cfg not in _CHECKED:
+        validate_config(cfg, allow_auto=True)
+        _CHECKED.append(cfg)
+
+
+def check_runnable(checked: Config, cfg: Config, algo: Algorithm) -> None:
+    """The config ``algo`` will run (``auto`` resolved in ``cfg``; A2C derives its batch from
+    the actors), checked where it differs from ``checked``, which ``check_config`` passed."""
     with warnings.catch_warnings():  # what algo.runs warns of, it says once, when it applies
         warnings.simplefilter("ignore")
         cfg = algo.runs(cfg)
-    validate_config(cfg)
+    validate_run_config(checked, cfg)
 
 
 def remove_hydra_debris(hydra_dir: str | Path) -> None:
@@ -290,7 +304,7 @@ def check_start(config: DictConfig) -> None:
         validate_resume(str(config.resume))
         return
     cfg = job_config(config)
-    validate_config(cfg, allow_auto=True)
+    check_config(cfg)
     # hydra.run.dir unresolved: its default interpolates the date, which only run_job sets.
     hydra_run = OmegaConf.to_container(config.hydra.run, resolve=False)
     assert isinstance(hydra_run, dict)
@@ -306,7 +320,7 @@ def check_sweep(config: DictConfig) -> None:
     points = sweep_points(config)
     if points is None:  # another sweeper: its points are checked as each starts
         if not config.get("resume"):
-            validate_config(job_config(config), allow_auto=True)
+            check_config(job_config(config))
         return
     loader = GlobalHydra.instance().config_loader()
     bad = []
@@ -315,7 +329,7 @@ def check_sweep(config: DictConfig) -> None:
         if point_cfg.get("resume"):
             continue
         try:
-            validate_config(job_config(point_cfg), allow_auto=True)
+            check_config(job_config(point_cfg))
         except ConfigError as e:
             bad.append(f"  point #{num} ({' '.join(point)}): {e}")
     if bad:

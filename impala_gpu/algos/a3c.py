@@ -58,7 +58,7 @@ from impala_gpu.lifecycle.run import Resume, Run, StopRule
 from impala_gpu.models import CoreState, Policy, build_model
 from impala_gpu.telemetry import health
 from impala_gpu.telemetry.window import Telemetry
-from impala_gpu.validate import validate_config
+from impala_gpu.validate import require_resolved
 
 # Columns of the shared per-worker counters [num_actors + 1, NUM_WORKER_COUNTERS] (IMPALA's
 # actors keep their own layout, ``acting.actor.ACTOR_*``). Each worker writes only its own row,
@@ -92,7 +92,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             f"device={cfg.device}, but A3C is Hogwild on CPU: every worker updates one shared "
             "CPU model without a lock. Fix: device=cpu (or auto)."
         )
-    validate_config(cfg)
+    require_resolved(cfg)  # the rest is the caller's to check: the CLI's validate_config
     spec = env_spec(cfg.env)
     torch.manual_seed(cfg.seed)
     shared_model = build_model(spec.obs_shape, spec.num_actions, cfg.model)

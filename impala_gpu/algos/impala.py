@@ -39,7 +39,7 @@ from impala_gpu.speed.tcmalloc import allocator
 from impala_gpu.speed.threads import learner_threads
 from impala_gpu.telemetry import health
 from impala_gpu.telemetry.window import Telemetry
-from impala_gpu.validate import validate_config
+from impala_gpu.validate import require_resolved
 
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     if rdv is not None and not rdv.leader:
         distributed.follower_main(rdv, cfg)  # a torchrun rank > 0: trains on its shares only
         return {}
-    validate_config(cfg)
+    require_resolved(cfg)  # the rest is the caller's to check: the CLI's validate_config
     device = resolve_device(cfg.device)
     if rdv is not None:
         device = distributed.learner_device(device, rdv.rank)
