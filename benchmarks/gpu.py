@@ -200,7 +200,7 @@ def stage_preflight(args, device, out: dict, stages: dict) -> list[Check]:
         p = torch.cuda.get_device_properties(0)
         out.update(device_name=p.name, capability=f"{p.major}.{p.minor}")
         out["memory_gib"] = p.total_memory / 2**30
-    # The e2e ring: room for every env's unroll plus two batches (validate.resolve_num_slots).
+    # The e2e ring: room for every env's unroll plus two batches (config.resolve_num_slots).
     cfg, actors = recipe(args), e2e_actors(args)
     spec = env_spec(cfg.env)
     slots = 2 * cfg.batch_size + 2 * actors * cfg.envs_per_actor
