@@ -11,6 +11,7 @@ import torch
 from impala_gpu.channels.ring import RingSpec, ring_spec
 from impala_gpu.config import Config, ConfigError, min_num_slots, resolve_num_slots
 from impala_gpu.envs import EnvSpec, env_spec
+from impala_gpu.models import build_model
 
 # torch shares CPU tensors through shm_open (both sharing strategies), i.e. files on this
 # tmpfs: an unlinked segment still counts against its size while a process maps it.
@@ -34,8 +35,6 @@ def model_num_params(cfg: Config, spec: EnvSpec) -> int:
     """How many parameters the learner's model has: counted on the meta device (no memory,
     no initialisation: MinAtar's CNN has 28M), else on the CPU for a model whose constructor
     reads a tensor's value (the MLP's input size), which the meta device cannot give."""
-    from impala_gpu.models import build_model
-
     key = repr((spec.obs_shape, spec.num_actions, cfg.model))
     if key not in _NUM_PARAMS:
         try:
