@@ -28,11 +28,10 @@ from common import median, write_result  # noqa: E402
 from impala_gpu.acting.actor import ACTOR_STEPS, ActorHandles, actor_main  # noqa: E402
 from impala_gpu.channels.params import ParamStore  # noqa: E402
 from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
-from impala_gpu.config import Config, EnvCfg, ModelCfg  # noqa: E402
+from impala_gpu.config import Config, EnvCfg, ModelCfg, resolve_num_slots  # noqa: E402
 from impala_gpu.envs import env_spec, make_vector_env  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
-from impala_gpu.validate import resolve_num_slots  # noqa: E402
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
 
 
 def raw_worker(env_cfg: EnvCfg, num_envs: int, seconds: float, seed: int, out) -> None:

@@ -30,7 +30,7 @@ from impala_gpu.config import Config, EnvCfg
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.learning.learner import Batch, Learner, make_optimizer
 from impala_gpu.models import build_model
-from impala_gpu.reporting import health
+from impala_gpu.telemetry import health
 
 
 def record(env_cfg: EnvCfg, num_envs: int, steps: int, seed: int) -> dict[str, torch.Tensor]:

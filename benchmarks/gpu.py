@@ -51,7 +51,7 @@ from impala_gpu.config import Config, EnvCfg  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batcher  # noqa: E402
 from impala_gpu.learning.learner import build_learner  # noqa: E402
-from impala_gpu.speed import learner_threads  # noqa: E402
+from impala_gpu.speed.threads import learner_threads  # noqa: E402
 
 STAGES = ("preflight", "cartpole", "learner", "ring", "e2e")
 LEARNER_CORES = 2  # the learner process: its train thread and the Batcher's gather thread
@@ -200,7 +200,7 @@ def stage_preflight(args, device, out: dict, stages: dict) -> list[Check]:
         p = torch.cuda.get_device_properties(0)
         out.update(device_name=p.name, capability=f"{p.major}.{p.minor}")
         out["memory_gib"] = p.total_memory / 2**30
-    # The e2e ring: room for every env's unroll plus two batches (validate.resolve_num_slots).
+    # The e2e ring: room for every env's unroll plus two batches (config.resolve_num_slots).
     cfg, actors = recipe(args), e2e_actors(args)
     spec = env_spec(cfg.env)
     slots = 2 * cfg.batch_size + 2 * actors * cfg.envs_per_actor

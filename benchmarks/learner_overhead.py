@@ -32,13 +32,12 @@ from impala_gpu.channels.ring import (  # noqa: E402
     TrajectoryRing,
     numpy_to_torch_dtype,
 )
-from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg  # noqa: E402
+from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg, resolve_device  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
 from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
 from impala_gpu.learning.learner import Learner, make_optimizer  # noqa: E402
 from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
-from impala_gpu.validate import resolve_device  # noqa: E402
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
 
 
 def random_slot(ring: TrajectoryRing, seed: int) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ from variants import parse_variant  # noqa: E402
 from impala_gpu.calibration.measure import time_learner_step  # noqa: E402
 from impala_gpu.config import Config, conf_dir, fresh_batch_size, register_configs  # noqa: E402
 from impala_gpu.envs import env_spec  # noqa: E402
-from impala_gpu.speed import reexec_with_tcmalloc  # noqa: E402
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
 
 
 def compose_config(overrides: list[str]) -> Config:

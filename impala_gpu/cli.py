@@ -19,14 +19,16 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from impala_gpu import interrupts
 from impala_gpu.calibration import apply_auto
 from impala_gpu.cli_help import register_help_resolvers
-from impala_gpu.config import Config, conf_dir, register_configs, save_config
-from impala_gpu.reporting import stopping
+from impala_gpu.config import Config, ConfigError, conf_dir, register_configs, save_config
+from impala_gpu.interrupts import Terminated
+from impala_gpu.lifecycle.run import interrupted_text
+from impala_gpu.lifecycle.rundir import RunDirInUse, claim_run_dir, release_all
+from impala_gpu.overrides import check_command_line
 from impala_gpu.reporting.checkpoint import list_checkpoints, load_checkpoint
-from impala_gpu.reporting.rundir import RunDirInUse, claim_run_dir, release_all
-from impala_gpu.reporting.stopping import Terminated
-from impala_gpu.speed import reexec_with_tcmalloc
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc
 from impala_gpu.sweep import (
     DONE_FILE,
     LAST_SWEEP_FAILURES,
@@ -36,6 +38,8 @@ from impala_gpu.sweep import (
     record_failure,
     set_aside_unfinished,
 )
+from impala_gpu.validate import validate_config, validate_run_config
+from impala_gpu.validate_inputs import validate_resume, validate_run_dir, writable_target
 
 if TYPE_CHECKING:
     from impala_gpu.algos.registry import Algorithm
@@ -90,7 +94,7 @@ def resume_config(resume: str, overrides: list[str]) -> DictConfig:
 
 def run(dcfg: DictConfig) -> float:
     """One run (or one sweep point). Returns the final mean return, the sweepers' objective.
-    Its run dir is locked for it (``reporting.rundir``) until it returns."""
+    Its run dir is locked for it (``lifecycle.rundir``) until it returns."""
     hydra_dir, sweep = _sweep_info()
     try:
         if sweep:  # a sweep point's dir: the sweep's own rules below decide what it holds
@@ -120,7 +124,6 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
             _say_sweep(sweep, "did not finish; resuming it from its last checkpoint")
         elif set_aside_unfinished(point_dir):
             _say_sweep(sweep, f"did not finish; starting again (its files are *{SUPERSEDED})")
-    from impala_gpu.validate import ConfigError, validate_config
 
     if dcfg.resume:
         try:
@@ -138,9 +141,10 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
     from impala_gpu.learning.distributed import torchrun_rendezvous
 
     try:
-        # Everything auto does not decide, before the calibration (seconds to minutes), any
-        # process or any file; the rest once auto has chosen, before config.yaml is written.
-        validate_config(cfg, allow_auto=True)
+        # The callback's verdict (a resume, or a point of a sweeper that draws its points as
+        # it goes, is checked here): before the calibration, any process or any file.
+        check_config(cfg)
+        checked = cfg
         algo = algorithm(cfg.algo.name)
         rank = torchrun_rendezvous()
         if rank is None or rank.leader:  # torchrun's other ranks take rank 0's config
@@ -148,7 +152,7 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
             own = Path(cfg.resume).parent.parent if cfg.resume else None
             claim_run_dir(run_dir, resuming=own, job_name=HydraConfig.get().job.name)
             # auto's one resolution: no algorithm resolves it again.
-            cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(c, algo))
+            cfg = apply_auto(cfg, algo, run_dir, check=lambda c: check_runnable(checked, c, algo))
             cfg = algo.runs(cfg)
             save_config(cfg, run_dir)  # config.yaml records what runs, auto's choice included
     except ConfigError as e:
@@ -175,14 +179,25 @@ def _run(dcfg: DictConfig, hydra_dir: str, sweep: dict[str, Any]) -> float:
     return objective
 
 
-def check_runnable(cfg: Config, algo: Algorithm) -> None:
-    """The full check of the config ``algo`` will run (A2C derives its batch from the actors)."""
-    from impala_gpu.validate import validate_config
+# The configs validate_config passed in this process: the Hydra callbacks check each before
+# Hydra makes its run dir, and ``_run`` takes their verdict instead of checking again.
+_CHECKED: list[Config] = []
 
+
+def check_config(cfg: Config) -> None:
+    """``validate_config`` with ``auto`` allowed, once per config in this process."""
+    if cfg not in _CHECKED:
+        validate_config(cfg, allow_auto=True)
+        _CHECKED.append(cfg)
+
+
+def check_runnable(checked: Config, cfg: Config, algo: Algorithm) -> None:
+    """The config ``algo`` will run (``auto`` resolved in ``cfg``; A2C derives its batch from
+    the actors), checked where it differs from ``checked``, which ``check_config`` passed."""
     with warnings.catch_warnings():  # what algo.runs warns of, it says once, when it applies
         warnings.simplefilter("ignore")
         cfg = algo.runs(cfg)
-    validate_config(cfg)
+    validate_run_config(checked, cfg)
 
 
 def remove_hydra_debris(hydra_dir: str | Path) -> None:
@@ -215,8 +230,6 @@ def job_config(config: DictConfig) -> Config:
     ``hydra``)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from impala_gpu.validate import ConfigError
-
     job = OmegaConf.to_container(config, resolve=False)
     assert isinstance(job, dict)
     job.pop("hydra", None)
@@ -227,7 +240,7 @@ def job_config(config: DictConfig) -> Config:
         key = getattr(e, "full_key", None) or "the config"
         raise ConfigError(
             f"{key}: {str(e).splitlines()[0]}. Fix: the keys and types of "
-            "impala_gpu/config.py (python -m impala_gpu --help lists the frequent ones)."
+            "impala_gpu/config/schema.py (python -m impala_gpu --help lists the frequent ones)."
         ) from None
 
 
@@ -261,8 +274,6 @@ def _exit_on_config_error(check: Callable[[], None]) -> None:
     because Hydra turns a callback's Exception into a warning and carries on: any other
     exception ends it too, with its traceback (a bug in a check), never a run on a config
     that was not checked (``+foo=1`` once trained Pong after that warning)."""
-    from impala_gpu.validate import ConfigError
-
     try:
         check()
     except ConfigError as e:
@@ -289,14 +300,11 @@ def check_start(config: DictConfig) -> None:
     """A single run's checks before Hydra makes its dir: the config (``validate_config``,
     ``auto`` allowed), and that its run dir can be written; a resumed run's config is
     checked in ``run``, once read from its checkpoint, and here only that there is one."""
-    from impala_gpu.validate import validate_config
-    from impala_gpu.validate_inputs import validate_resume, validate_run_dir, writable_target
-
     if config.get("resume"):
         validate_resume(str(config.resume))
         return
     cfg = job_config(config)
-    validate_config(cfg, allow_auto=True)
+    check_config(cfg)
     # hydra.run.dir unresolved: its default interpolates the date, which only run_job sets.
     hydra_run = OmegaConf.to_container(config.hydra.run, resolve=False)
     assert isinstance(hydra_run, dict)
@@ -309,12 +317,10 @@ def check_sweep(config: DictConfig) -> None:
     ``auto`` allowed); one ConfigError names every point that cannot run."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from impala_gpu.validate import ConfigError, validate_config
-
     points = sweep_points(config)
     if points is None:  # another sweeper: its points are checked as each starts
         if not config.get("resume"):
-            validate_config(job_config(config), allow_auto=True)
+            check_config(job_config(config))
         return
     loader = GlobalHydra.instance().config_loader()
     bad = []
@@ -323,7 +329,7 @@ def check_sweep(config: DictConfig) -> None:
         if point_cfg.get("resume"):
             continue
         try:
-            validate_config(job_config(point_cfg), allow_auto=True)
+            check_config(job_config(point_cfg))
         except ConfigError as e:
             bad.append(f"  point #{num} ({' '.join(point)}): {e}")
     if bad:
@@ -358,20 +364,16 @@ def version() -> str:
 def main() -> None:
     if "--version" in sys.argv[1:]:
         print(f"impala_gpu {version()}")  # then Hydra's own --version line, and exit 0
-    from impala_gpu.overrides import check_command_line
-    from impala_gpu.validate import ConfigError
 
     try:  # before Hydra composes: a typo'd key, a wrong type, 1e7 for an int (rewritten)
         sys.argv[1:] = check_command_line(sys.argv[1:])
     except ConfigError as e:
         exit_config_error(e)
     # SIGTERM takes Ctrl-C's path: checkpoint, stop actors, free shared memory, exit 128+15.
-    stopping.install()
+    interrupts.install()
     try:
         _hydra_main()
     except KeyboardInterrupt as e:
-        from impala_gpu.reporting.run import interrupted_text
-
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
         print(f"impala_gpu: {how}; {interrupted_text()}", file=sys.stderr)
         # CPython quirk: a KeyboardInterrupt that left an exec() of a string (dataclasses
@@ -379,13 +381,15 @@ def main() -> None:
         # to kill itself by SIGINT at exit, whatever exit code follows; an exec of a string
         # that completes clears that mark, so the exit code is 130/143 every time.
         exec("")
-        sys.exit(stopping.exit_code(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
+        sys.exit(
+            interrupts.exit_code(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        )
     # Hydra returns the objective for sweepers; the exit code says whether every point ran.
     sys.exit(1 if LAST_SWEEP_FAILURES else 0)
 
 
 def entry() -> None:
     """Command-line entry: restart under tcmalloc when it is installed (see
-    ``impala_gpu/speed.py``), then ``main``."""
+    ``impala_gpu/speed/tcmalloc.py``), then ``main``."""
     reexec_with_tcmalloc()
     main()

@@ -3,7 +3,7 @@ the config groups a user picks from (not the schema's ``base_*`` entries, which 
 
 Hydra's help is a template (``hydra.help.template`` in ``conf/config.yaml``); its
 ``${impala_gpu.help_groups:}`` and ``${impala_gpu.help_keys:}`` are the resolvers below, so
-the text is made from ``conf/`` and ``impala_gpu/config.py`` each time and cannot drift from
+the text is made from ``conf/`` and ``impala_gpu/config/schema.py`` each time and cannot drift from
 them. They read the composed config, so ``--help env=cartpole`` shows CartPole's values.
 """
 
@@ -58,7 +58,7 @@ INTERNAL = "base_"  # the schema's own entries (config.register_configs): not us
 
 @functools.cache
 def field_docs() -> dict[str, str]:
-    """Each schema key's one-line doc: its field's end-of-line comment in config.py."""
+    """Each schema key's one-line doc: its field's end-of-line comment in config/schema.py."""
     docs: dict[str, str] = {}
 
     def walk(cls: type, prefix: str) -> None:

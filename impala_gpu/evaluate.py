@@ -28,11 +28,10 @@ import torch
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from impala_gpu.config import Config
+from impala_gpu.config import Config, ConfigError
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.models import build_model
 from impala_gpu.reporting.checkpoint import BEST, load_checkpoint
-from impala_gpu.validate import ConfigError
 
 
 @dataclass

@@ -2,9 +2,9 @@
 
 Hydra's own errors here are several lines without a fix, and one case was no error at all:
 ``+foo=1`` (the fix Hydra prints for ``foo=1``) composed, the config check only warned, and
-Pong trained. Here every override's key must be in the schema (``impala_gpu/config.py``) or be
-a config group, its value must have the key's type, and a group's option must exist; a typo
-gets "did you mean" (difflib over the schema's keys). Each failure is one ``ConfigError``.
+Pong trained. Here every override's key must be in the schema (``impala_gpu/config/schema.py``)
+or be a config group, its value must have the key's type, and a group's option must exist; a
+typo gets "did you mean" (difflib over the schema's keys). Each failure is one ``ConfigError``.
 
 Integers in scientific notation (``total_frames=1e7``, as users write them) are rewritten to
 plain integers here, before Hydra sees them: the schema keeps ``int`` (so config.yaml, W&B and
@@ -26,8 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode, StringNode, ValueNode
 
-from impala_gpu.config import Config, conf_dir
-from impala_gpu.errors import ConfigError
+from impala_gpu.config import Config, ConfigError, conf_dir
 
 HELP = "python -m impala_gpu --help lists the frequent keys; --cfg job prints every one"
 TYPE_NAMES = {

@@ -1,7 +1,5 @@
-"""What this machine has, against what a config asks of it: its devices and ``/dev/shm``.
-
-``validate`` imports this module, so this one takes ``validate``'s names inside its functions.
-"""
+"""What this machine has, against what a config asks of it: ``/dev/shm`` for the ring and the
+parameter store."""
 
 from __future__ import annotations
 
@@ -11,8 +9,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from impala_gpu.channels.ring import RingSpec, ring_spec
-from impala_gpu.config import Config
+from impala_gpu.config import Config, ConfigError, min_num_slots, resolve_num_slots
 from impala_gpu.envs import EnvSpec, env_spec
+from impala_gpu.models import build_model
 
 # torch shares CPU tensors through shm_open (both sharing strategies), i.e. files on this
 # tmpfs: an unlinked segment still counts against its size while a process maps it.
@@ -21,20 +20,6 @@ PARAM_BYTES = 4  # ParamStore keeps float32 copies of the weights
 
 _SPECS: dict[str, EnvSpec] = {}
 _NUM_PARAMS: dict[str, int] = {}
-
-
-def visible_devices() -> str:
-    """The devices a config may name here, e.g. ``cpu, cuda:0 (NVIDIA H100 80GB HBM3)``, with
-    ``CUDA_VISIBLE_DEVICES`` when it is set (it hides the rest)."""
-    names = ["cpu"]
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for i in range(count):
-        try:
-            names.append(f"cuda:{i} ({torch.cuda.get_device_name(i)})")
-        except (RuntimeError, AssertionError):  # a driver that cannot name it
-            names.append(f"cuda:{i}")
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return ", ".join(names) + (f" (CUDA_VISIBLE_DEVICES={mask!r})" if mask is not None else "")
 
 
 def cached_env_spec(cfg: Config) -> EnvSpec:
@@ -50,8 +35,6 @@ def model_num_params(cfg: Config, spec: EnvSpec) -> int:
     """How many parameters the learner's model has: counted on the meta device (no memory,
     no initialisation: MinAtar's CNN has 28M), else on the CPU for a model whose constructor
     reads a tensor's value (the MLP's input size), which the meta device cannot give."""
-    from impala_gpu.models import build_model
-
     key = repr((spec.obs_shape, spec.num_actions, cfg.model))
     if key not in _NUM_PARAMS:
         try:
@@ -117,8 +100,6 @@ def validate_shared_memory(cfg: Config) -> None:
     """The ring and the parameter store fit in ``/dev/shm`` (64 MiB in a default Docker
     container). A ring that does not fit fails at its first write, with SIGBUS, after the
     actors started: here it is a ConfigError before any process or file."""
-    from impala_gpu.validate import ConfigError, min_num_slots, resolve_num_slots
-
     free = shm_free_bytes()
     if free is None:  # no /dev/shm here: nothing to measure
         return

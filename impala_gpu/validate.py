@@ -3,60 +3,32 @@ and the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-from impala_gpu.config import AUTO, Config, auto_keys, fresh_batch_size
+from impala_gpu.config import (
+    AUTO,
+    Config,
+    ConfigError,
+    auto_keys,
+    fresh_batch_size,
+    min_num_slots,
+    resolve_device,
+    visible_devices,
+)
+from impala_gpu.config import require as _require
 from impala_gpu.envs import resolve_vector_backend, validate_env_id
-from impala_gpu.errors import ConfigError
-from impala_gpu.errors import require as _require
 from impala_gpu.learning.distributed import learners_on_this_box
 from impala_gpu.learning.optim import OPTIMIZERS
 from impala_gpu.models import MODEL_NAMES
 from impala_gpu.reporting.logger import WANDB_MODES
-from impala_gpu.resources import validate_shared_memory, visible_devices
+from impala_gpu.resources import validate_shared_memory
 from impala_gpu.rl.losses import PPO_REFERENCES, correction_name
-from impala_gpu.speed import PRECISIONS
+from impala_gpu.speed.precision import PRECISIONS
 from impala_gpu.validate_inputs import validate_inputs, validate_runtime
 from impala_gpu.validate_sizes import validate_env_counts, validate_memory
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto``: cuda when present, else cpu. ``cuda`` without CUDA is an error, not a fallback,
-    and so is ``cuda:N`` past the last visible GPU (it would fail later, at ``.to(device)``)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda"):
-        try:
-            parsed = torch.device(device)
-        except RuntimeError:
-            parsed = torch.device("cpu")  # not a CUDA device string: the error below
-        _require(
-            parsed.type == "cuda",
-            f"device={device!r} is not one of auto, cpu, cuda, cuda:N. Fix: device=cuda:0.",
-        )
-        _require(
-            torch.cuda.is_available(),
-            f"device={device} but CUDA is not available (torch {torch.__version__}, "
-            f"built with CUDA {torch.version.cuda}; devices here: {visible_devices()}). Fix: "
-            "device=auto or device=cpu, or install a CUDA build of torch.",
-        )
-        count = torch.cuda.device_count()
-        _require(
-            parsed.index is None or parsed.index < count,
-            f"device={device} but this machine has {count} visible CUDA device(s): "
-            f"{visible_devices()}. Fix: device=cuda:{count - 1} or lower (or device=cuda, the "
-            "first), or make that GPU visible (CUDA_VISIBLE_DEVICES).",
-        )
-        return parsed
-    _require(
-        device == "cpu",
-        f"device={device!r} is not one of auto, cpu, cuda, cuda:N. Fix: device=auto (cuda when "
-        "present, else cpu).",
-    )
-    return torch.device("cpu")
-
 
 ALGO_NAMES = ("impala", "impala_nocorrection", "a2c", "a3c")  # algos.registry's names
 
@@ -74,28 +46,6 @@ def check_values(cfg: Config) -> None:
             raise ConfigError(
                 f"{key}={v!r} must be a positive integer or auto. Fix: {key}=auto or {key}=2."
             )
-
-
-def _count(v: int | str) -> int:
-    """An actor or env count, with ``auto`` as its least possible value (1): what can be
-    checked before the calibration chooses it."""
-    return 1 if v == AUTO else int(v)
-
-
-def min_num_slots(cfg: Config) -> int:
-    """Fewest slots that cannot deadlock: a batch being collected plus one unroll per actor
-    (an ``auto`` count as 1, its least, so the check can run before the calibration)."""
-    return cfg.batch_size + _count(cfg.num_actors) * _count(cfg.envs_per_actor)
-
-
-def resolve_num_slots(cfg: Config) -> int:
-    """``num_slots``, or the auto size for 0 (an ``auto`` count as 1, its least, as in
-    ``min_num_slots``; a resolved config has none)."""
-    if cfg.num_slots:
-        return cfg.num_slots
-    ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2
-    # Room for every env to run one unroll ahead while batches are assembled.
-    return ahead * cfg.batch_size + 2 * _count(cfg.num_actors) * _count(cfg.envs_per_actor)
 
 
 def validate_replay(cfg: Config) -> None:
@@ -269,7 +219,7 @@ def validate_numbers(cfg: Config) -> None:
         _require(
             _finite(v) and v >= 0,
             f"algo.{key}={v} must be a finite number >= 0. Fix: algo.{key}=0 (off) or its "
-            "default (impala_gpu/config.py).",
+            "default (impala_gpu/config/schema.py).",
         )
     _require(
         cfg.wandb.mode in WANDB_MODES,
@@ -298,24 +248,22 @@ def _whole_unrolls_fix(cfg: Config, fresh: int) -> str:
     )
 
 
-def validate_config(cfg: Config, allow_auto: bool = False) -> None:
-    """Every check, on a resolved config (``calibration.resolve_auto`` replaces each ``auto``).
-
-    ``allow_auto=True``: the same checks with ``precision``, ``num_actors`` and
-    ``envs_per_actor`` still ``auto``; what depends on them is checked at their least value
-    (num_slots) or left for the full check. ``cli.run`` calls it first, so an impossible value
-    fails before the calibration (seconds to minutes), any process or any file; the full check
-    follows the calibration.
-    """
+def require_resolved(cfg: Config) -> None:
+    """No ``auto`` left in ``cfg``: what a train function needs before it builds anything."""
     check_values(cfg)
     unresolved = auto_keys(cfg)
-    if unresolved and not allow_auto:
+    if unresolved:
         raise ConfigError(
             f"{unresolved[0]}=auto reached the runtime unresolved. Fix: set "
             f"{' '.join(f'{k}=...' for k in unresolved)} by hand, or resolve auto first, as the "
             "CLI does: impala_gpu.calibration.resolve_auto(cfg, algorithm(cfg.algo.name)) "
             "(algorithm: impala_gpu.algos.registry)."
         )
+
+
+def validate_fixed(cfg: Config) -> None:
+    """The checks of keys that neither ``auto`` nor an algorithm's run config changes (none of
+    ``RESOLVED_KEYS``): their verdict holds for the config that finally runs."""
     _require(
         cfg.algo.name in ALGO_NAMES,
         f"algo.name={cfg.algo.name!r} is not one of {ALGO_NAMES}. Fix: algo=impala (or "
@@ -329,20 +277,13 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         raise
     except (ValueError, ImportError) as e:  # ImportError: an optional extra not installed
         raise ConfigError(str(e)) from None
-    # num_actors, envs_per_actor and precision: check_values, above.
-    for key in ("unroll_length", "batch_size", "total_frames"):
+    for key in ("unroll_length", "total_frames"):
         v = getattr(cfg, key)
         _require(v > 0, f"{key}={v} must be positive. Fix: {key}=<a positive integer>.")
+    v = cfg.publish_interval
+    _require(v >= 1, f"publish_interval={v} must be >= 1. Fix: publish_interval=1 (every update).")
     validate_inputs(cfg)  # seed, env.*, model.*, the rest of algo.* and the run's keys
-    validate_env_counts(cfg)  # upper bounds: before any message that derives a fix from them
     validate_numbers(cfg)
-    for key, least, fix in (
-        ("publish_interval", 1, "1 (every update)"),
-        ("refresh_every", 1, "1 (always fresh)"),
-        ("max_policy_lag", 0, "0 (off)"),
-    ):
-        v = getattr(cfg, key)
-        _require(v >= least, f"{key}={v} must be >= {least}. Fix: {key}={fix}.")
     _require(
         cfg.model.name in MODEL_NAMES,
         f"model.name={cfg.model.name!r} is not one of {MODEL_NAMES}. Fix: model=auto.",
@@ -362,11 +303,14 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
         f"algo.lr_decay_frames={algo.lr_decay_frames} must be >= 0. Fix: algo.lr_decay_frames=0 "
         "(decay over total_frames).",
     )
-    validate_sample_reuse(cfg)
-    try:
-        correction_name(algo.correction)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    _require(
+        cfg.start_method in ("spawn", "forkserver"),
+        f"start_method={cfg.start_method!r} is not spawn or forkserver. Fix: start_method=spawn.",
+    )
+    resolve_device(cfg.device)
+
+
+def validate_num_slots(cfg: Config) -> None:
     _require(
         cfg.num_slots >= 0, f"num_slots={cfg.num_slots} must be >= 0. Fix: num_slots=0 (auto)."
     )
@@ -379,40 +323,115 @@ def validate_config(cfg: Config, allow_auto: bool = False) -> None:
             f"per env ({cfg.num_actors} actors x {cfg.envs_per_actor} envs{least}): that needs "
             f">= {need}. Fix: num_slots=0 (auto) or num_slots>={need}, or lower batch_size.",
         )
+
+
+def validate_bounded_lag(cfg: Config) -> None:
+    if cfg.bounded_lag is None:
+        return
+    _require(
+        cfg.bounded_lag >= 0,
+        f"bounded_lag={cfg.bounded_lag} must be >= 0 or null. Fix: bounded_lag=null (off).",
+    )
+    fresh = fresh_batch_size(cfg)
+    _require(
+        cfg.envs_per_actor == AUTO or fresh % cfg.envs_per_actor == 0,
+        f"bounded_lag needs the fresh part of each batch ({fresh} of batch_size="
+        f"{cfg.batch_size}, replay.proportion={cfg.replay.proportion}) to be a multiple of "
+        f"envs_per_actor ({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: "
+        f"{_whole_unrolls_fix(cfg, fresh)}.",
+    )
+    _require(
+        cfg.refresh_every == 1,
+        "bounded_lag fixes each unroll's version itself; refresh_every can't be combined "
+        "with it. Fix: refresh_every=1.",
+    )
+    _require(
+        cfg.max_policy_lag == 0,
+        "bounded_lag and max_policy_lag can't be combined: bounded lag never produces stale "
+        "data to drop. Fix: max_policy_lag=0.",
+    )
+
+
+# What ``auto`` resolves (precision, num_actors, envs_per_actor) and what an algorithm derives
+# from it for the config it runs (``algos.registry.Algorithm.runs``: A2C's synchronous batch).
+RESOLVED_KEYS = (
+    "precision",
+    "num_actors",
+    "envs_per_actor",
+    "batch_size",
+    "bounded_lag",
+    "refresh_every",
+    "max_policy_lag",
+    "algo.correction",
+)
+
+
+def validate_resolved(cfg: Config, allow_auto: bool = False) -> None:
+    """The checks that read one of ``RESOLVED_KEYS``: the sizes, the lag and the memory they
+    take. ``allow_auto=True``: an ``auto`` count is checked at its least value (1)."""
+    if allow_auto:
+        check_values(cfg)
+    else:
+        require_resolved(cfg)
+    v = cfg.batch_size
+    _require(v > 0, f"batch_size={v} must be positive. Fix: batch_size=<a positive integer>.")
+    validate_env_counts(cfg)  # upper bounds: before any message that derives a fix from them
+    for key, least, fix in (
+        ("refresh_every", 1, "1 (always fresh)"),
+        ("max_policy_lag", 0, "0 (off)"),
+    ):
+        v = getattr(cfg, key)
+        _require(v >= least, f"{key}={v} must be >= {least}. Fix: {key}={fix}.")
+    validate_sample_reuse(cfg)
+    try:
+        correction_name(cfg.algo.correction)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    validate_num_slots(cfg)
     validate_replay(cfg)
-    if cfg.bounded_lag is not None:
-        _require(
-            cfg.bounded_lag >= 0,
-            f"bounded_lag={cfg.bounded_lag} must be >= 0 or null. Fix: bounded_lag=null (off).",
-        )
-        fresh = fresh_batch_size(cfg)
-        _require(
-            cfg.envs_per_actor == AUTO or fresh % cfg.envs_per_actor == 0,
-            f"bounded_lag needs the fresh part of each batch ({fresh} of batch_size="
-            f"{cfg.batch_size}, replay.proportion={cfg.replay.proportion}) to be a multiple of "
-            f"envs_per_actor ({cfg.envs_per_actor}), so each batch holds whole unrolls. Fix: "
-            f"{_whole_unrolls_fix(cfg, fresh)}.",
-        )
-        _require(
-            cfg.refresh_every == 1,
-            "bounded_lag fixes each unroll's version itself; refresh_every can't be combined "
-            "with it. Fix: refresh_every=1.",
-        )
-        _require(
-            cfg.max_policy_lag == 0,
-            "bounded_lag and max_policy_lag can't be combined: bounded lag never produces stale "
-            "data to drop. Fix: max_policy_lag=0.",
-        )
+    validate_bounded_lag(cfg)
     validate_runtime(cfg)
     validate_learners(cfg)
     validate_learner_shards(cfg)
-    _require(
-        cfg.start_method in ("spawn", "forkserver"),
-        f"start_method={cfg.start_method!r} is not spawn or forkserver. Fix: start_method=spawn.",
-    )
-    resolve_device(cfg.device)
     # Memory first: /dev/shm's size may exceed what the machine has, and its fix (the most
     # slots that fit) must fit both.
     validate_memory(cfg)  # processes, envs, ring and replay against MemAvailable
     if cfg.algo.name != "a3c":  # A3C's workers share a model, not a ring
         validate_shared_memory(cfg)
+
+
+def validate_config(cfg: Config, allow_auto: bool = False) -> None:
+    """Every check, each failure a ``ConfigError`` naming the key and the fix.
+
+    ``allow_auto=True``: ``precision``, ``num_actors`` and ``envs_per_actor`` may still be
+    ``auto``; what depends on them is checked at their least value (num_slots, memory) or left
+    to ``validate_run_config``. The CLI runs it once, before Hydra makes the run dir (every
+    point of a sweep before the first starts; a resumed run once its checkpoint is read), so an
+    impossible value fails before the calibration, any process or any file.
+    """
+    validate_fixed(cfg)
+    validate_resolved(cfg, allow_auto)
+
+
+def changed_keys(a: object, b: object, prefix: str = "") -> set[str]:
+    """The dotted keys whose values differ between two configs of one schema."""
+    out: set[str] = set()
+    for f in dataclasses.fields(a):  # type: ignore[arg-type]
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if dataclasses.is_dataclass(x) and dataclasses.is_dataclass(y):
+            out |= changed_keys(x, y, f"{prefix}{f.name}.")
+        elif x != y:
+            out.add(prefix + f.name)
+    return out
+
+
+def validate_run_config(checked: Config, cfg: Config) -> None:
+    """``cfg``, the config that runs (``auto`` resolved, the algorithm's ``runs`` applied), from
+    ``checked``, which ``validate_config`` passed: its verdict stands for every key that did not
+    change, so only the checks of ``RESOLVED_KEYS`` run again (none when nothing changed).
+    Another changed key gets every check."""
+    changed = changed_keys(checked, cfg)
+    if changed - set(RESOLVED_KEYS):
+        validate_config(cfg)
+    elif changed:
+        validate_resolved(cfg)

@@ -13,8 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from impala_gpu.config import Config
-from impala_gpu.errors import ConfigError, require
+from impala_gpu.config import Config, ConfigError, require
 
 # derive_seeds feeds the seed to numpy's SeedSequence (no negative numbers) and the algorithms
 # to torch.manual_seed; 32 bits is the range every seeding API in the stack takes.

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from impala_gpu.config import AUTO, Config
-from impala_gpu.errors import ConfigError, require
+from impala_gpu.config import AUTO, Config, ConfigError, require, resolve_num_slots
+from impala_gpu.resources import (
+    PARAM_BYTES,
+    cached_env_spec,
+    model_num_params,
+    shared_memory_need,
+    size_text,
+)
 
 # An actor steps its envs one after another and must send its first unroll within
 # acting.pool.STARTUP_GRACE_S (120 s) or it counts as hung. An Atari step (4 frames and the
@@ -84,14 +90,6 @@ class MemoryNeed:
 def memory_need(cfg: Config) -> MemoryNeed:
     """An estimate of the memory ``cfg``'s run takes (``auto`` counts as 1, its least, so it
     can be checked before the calibration). Remote Ray actors take theirs elsewhere."""
-    from impala_gpu.resources import (
-        PARAM_BYTES,
-        cached_env_spec,
-        model_num_params,
-        shared_memory_need,
-    )
-    from impala_gpu.validate import resolve_num_slots
-
     spec = cached_env_spec(cfg)
     actors = _count(cfg.num_actors)
     envs = actors * _count(cfg.envs_per_actor)
@@ -116,8 +114,6 @@ def validate_memory(cfg: Config) -> None:
     """The run fits in the memory this machine has available now. The estimate errs low (it
     leaves out Python's and torch's caches), so a config it rejects cannot run here: past
     ``MemAvailable`` the kernel's OOM killer ends an actor or the learner mid-run."""
-    from impala_gpu.resources import size_text
-
     free = mem_available_bytes()
     if free is None:
         return
@@ -147,8 +143,6 @@ def validate_memory(cfg: Config) -> None:
 
 def _memory_fix(cfg: Config, need: MemoryNeed, free: int) -> str:
     """The change that shrinks the largest part of ``need`` enough, where one key does."""
-    from impala_gpu.resources import shared_memory_need
-
     actors = _count(cfg.num_actors)
     per_actor = (need.processes + need.envs + need.models) / max(1, actors)  # ~, learner's too
     largest = max(("actors", need.processes + need.envs), ("ring", need.ring),
@@ -169,6 +163,4 @@ def _memory_fix(cfg: Config, need: MemoryNeed, free: int) -> str:
 
 
 def _mib(n: float) -> str:
-    from impala_gpu.resources import size_text
-
     return size_text(int(n))

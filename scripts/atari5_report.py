@@ -53,7 +53,7 @@ from impala_gpu.analysis.atari5 import (  # noqa: E402
 
 MACHINE_FILE = "machine.json"
 EVENTS_FILE = "events.jsonl"
-WINDOW = 100  # games in the logged mean return (reporting/telemetry.py)
+WINDOW = 100  # games in the logged mean return (telemetry/window.py)
 
 
 @dataclass(frozen=True)

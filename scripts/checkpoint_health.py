@@ -4,7 +4,7 @@
 
 Plays ``--steps`` steps of 4 envs of the checkpoint's own env with the checkpoint's policy,
 keeps every 5th observation (about 240 states), and reports the dead fraction per layer and
-the logit spread (``impala_gpu.reporting.health``). A run dir stands for its latest checkpoint.
+the logit spread (``impala_gpu.telemetry.health``). A run dir stands for its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 
 from impala_gpu.envs import make_vector_env, reset_vector_env
 from impala_gpu.evaluate import load_policy
-from impala_gpu.reporting import health
 from impala_gpu.reporting.checkpoint import resolve_checkpoint
+from impala_gpu.telemetry import health
 
 
 def states(model, cfg, steps: int, seed: int) -> torch.Tensor:

@@ -140,7 +140,7 @@ run_stage preflight 45 env.txt "$PY" "${BENCH[@]}" --stages preflight
 
 # --- 2. the CUDA tests -------------------------------------------------------------------------
 mapfile -t SYNC_TESTS < <(grep -rl --include='test_*.py' set_sync_debug_mode tests | sort)
-TESTS=(tests/learning/test_cuda.py tests/test_speed.py tests/rl/test_vtrace.py "${SYNC_TESTS[@]}")
+TESTS=(tests/learning/test_cuda.py tests/speed tests/rl/test_vtrace.py "${SYNC_TESTS[@]}")
 mapfile -t TESTS < <(printf '%s\n' "${TESTS[@]}" | awk 'NF && !seen[$0]++')
 PYTEST=("$PY" -m pytest -p no:cacheprovider -rs --durations=8 -o addopts=)
 # A dry run: only the CUDA-marked tests, which skip without a GPU; the rest are collected.

@@ -7,11 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# tcmalloc: the CLI preloads it when present (impala_gpu/speed.py); 1.17x end to end on a CPU
-# learner here. Best effort: installed only as root with apt-get; IMPALA_GPU_NO_APT=1 skips it.
+# tcmalloc: the CLI preloads it when present (impala_gpu/speed/tcmalloc.py); 1.17x end to end on
+# a CPU learner here. Best effort: installed only as root with apt-get; IMPALA_GPU_NO_APT=1 skips it.
 install_tcmalloc() {
     local pkg=libtcmalloc-minimal4 limit=${IMPALA_GPU_APT_TIMEOUT_S:-180} log rc
-    if .venv/bin/python -c "import sys; from impala_gpu.speed import find_tcmalloc; sys.exit(find_tcmalloc() is None)"; then
+    if .venv/bin/python -c "import sys; from impala_gpu.speed.tcmalloc import find_tcmalloc; sys.exit(find_tcmalloc() is None)"; then
         return 0
     fi
     local why=""

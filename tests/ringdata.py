@@ -1,5 +1,6 @@
 """Ring test data: a small ring spec, and unrolls with deterministic content per (producer, n),
-written the way actors write them (shared by the ring, batcher and CUDA tests)."""
+written the way actors write them (shared by the ring, batcher and CUDA tests); random learner
+batches, and one plain-SGD update on them (the precision, compile and CUDA tests)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import torch
 import torch.multiprocessing as mp
 
 from impala_gpu.channels.ring import STEP_FIELDS, RingSpec, SlotManager, TrajectoryRing
+from impala_gpu.config import AlgoCfg
 from impala_gpu.learning.batcher import Batch, Batcher
+from impala_gpu.learning.learner import STAT_NAMES, Learner
+
+ATARI_OBS, ATARI_ACTIONS = (4, 84, 84), 6
+LOSS_STATS = [STAT_NAMES.index(n) for n in ("total_loss", "pg_loss", "baseline_loss", "entropy")]
 
 SPEC = RingSpec(
     num_slots=6,
@@ -130,3 +136,14 @@ def random_batch(obs_shape, num_actions: int, T: int = 6, B: int = 4, seed: int 
         action=torch.randint(0, num_actions, (T + 1, B), generator=g),
         logits=torch.randn(T + 1, B, num_actions, generator=g),
     )
+
+
+def one_update(model, batch: Batch, precision: str = "fp32"):
+    """Stats and the parameter change of one plain-SGD update (the change is -lr * grad)."""
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    stats = Learner(model, opt, AlgoCfg(), precision).update(batch)
+    delta = torch.cat(
+        [(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)]
+    )
+    return stats, delta

@@ -18,13 +18,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from impala_gpu.cli import CONF_DIR, CheckConfig, check_start
-from impala_gpu.config import Config, EnvCfg, ModelCfg, register_configs, to_container
+from impala_gpu.config import Config, ConfigError, EnvCfg, ModelCfg, register_configs, to_container
 from impala_gpu.envs import env_spec, validate_env_id
 from impala_gpu.evaluate import EvalCfg, evaluate
 from impala_gpu.models import build_model
 from impala_gpu.overrides import check_command_line
 from impala_gpu.reporting.checkpoint import atomic_torch_save
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.validate import validate_config
 
 REPO = Path(__file__).resolve().parent.parent
 KILLED = "@KILLED"  # a run dir with config.yaml and metrics.jsonl, killed before a checkpoint

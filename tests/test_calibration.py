@@ -17,8 +17,8 @@ from impala_gpu import calibration as cal
 from impala_gpu.algos.costs import A2C_COST, A3C_COST, IMPALA_COST
 from impala_gpu.algos.registry import algorithm
 from impala_gpu.calibration import Candidate, Timings, Workload, rank
-from impala_gpu.config import Config, EnvCfg, ModelCfg
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.config import Config, ConfigError, EnvCfg, ModelCfg
+from impala_gpu.validate import validate_config
 
 T, B = 20, 32
 TIMINGS = Timings(

@@ -1,9 +1,16 @@
-"""The command line's resume: which config and which run dir a resumed run continues with."""
+"""The command line: which config and which run dir a resumed run continues with, and how
+often a command checks its config."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+import sys
 
+import pytest
+
+from impala_gpu import cli
+from impala_gpu.algos import registry
 from impala_gpu.cli import resume_config
 from impala_gpu.config import Config, to_container
 from impala_gpu.reporting.checkpoint import Checkpointer, CheckpointPolicy
@@ -31,3 +38,34 @@ def test_an_explicit_run_dir_wins_over_the_checkpoints_own(tmp_path):
     elsewhere = str(tmp_path / "elsewhere")
     cfg = resume_config(str(tmp_path / "run"), [f"run_dir={elsewhere}"])
     assert cfg.run_dir == elsewhere
+
+
+def test_one_command_checks_its_config_once(monkeypatch, tmp_path):
+    """``validate_config`` runs once on a command's path: in the Hydra callback, before the run
+    dir exists. The run takes that verdict, the check after ``auto`` looks only at what auto and
+    the algorithm changed (A2C's derived batch here), and the train function checks nothing."""
+    checked, trained = [], []
+    validate = cli.validate_config
+
+    def counted(cfg, **kw):
+        checked.append(cfg)
+        validate(cfg, **kw)
+
+    monkeypatch.setattr(cli, "validate_config", counted)
+    a2c = registry.ALGORITHMS["a2c"]
+
+    def train(cfg, run_dir, sweep):
+        trained.append(cfg)
+        return {"episode_return": 1.0}
+
+    monkeypatch.setitem(registry.ALGORITHMS, "a2c", dataclasses.replace(a2c, train=train))
+    monkeypatch.setattr(cli.interrupts, "install", lambda: None)  # pytest keeps its Ctrl-C
+    args = ["env=cartpole", "algo=a2c", "precision=fp32", "num_actors=2", "envs_per_actor=4"]
+    args += [f"run_dir={tmp_path / 'run'}", "wandb.mode=disabled", "progress=false"]
+    monkeypatch.setattr(sys, "argv", ["impala_gpu", *args])
+    with pytest.raises(SystemExit) as end, pytest.warns(UserWarning, match="a2c updates"):
+        cli.main()
+    assert end.value.code == 0
+    assert len(checked) == 1 and checked[0].batch_size != 8  # the config as given
+    [cfg] = trained
+    assert cfg.batch_size == 8 and cfg.bounded_lag == 0  # the config A2C runs

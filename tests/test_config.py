@@ -16,8 +16,16 @@ from leakcheck import schema_defaults
 from omegaconf import OmegaConf
 
 from impala_gpu.cli import CONF_DIR, save_config
-from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg, WandbCfg, register_configs
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.config import (
+    AlgoCfg,
+    Config,
+    ConfigError,
+    EnvCfg,
+    ModelCfg,
+    WandbCfg,
+    register_configs,
+)
+from impala_gpu.validate import validate_config
 
 REPO_ROOT = Path(CONF_DIR).parent
 

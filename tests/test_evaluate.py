@@ -12,12 +12,11 @@ import pytest
 import torch
 
 import impala_gpu.evaluate as evaluate_module
-from impala_gpu.config import Config, EnvCfg, ModelCfg, to_container
+from impala_gpu.config import Config, ConfigError, EnvCfg, ModelCfg, to_container
 from impala_gpu.envs import env_spec, make_vector_env, reset_vector_env
 from impala_gpu.evaluate import EvalCfg, evaluate, main, make_eval_env
 from impala_gpu.models import build_model
 from impala_gpu.reporting.checkpoint import atomic_torch_save
-from impala_gpu.validate import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from leakcheck import schema_defaults
 
-from impala_gpu.config import AlgoCfg, Config, EnvCfg, WandbCfg
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.config import AlgoCfg, Config, ConfigError, EnvCfg, WandbCfg
+from impala_gpu.validate import validate_config
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from impala_gpu import resources
+from impala_gpu.algos.a2c import synchronous_config
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import TrajectoryRing, ring_spec
-from impala_gpu.config import Config, EnvCfg, ModelCfg
+from impala_gpu.config import Config, ConfigError, EnvCfg, ModelCfg, resolve_device
 from impala_gpu.models import build_model
-from impala_gpu.validate import ConfigError, resolve_device, validate_config
+from impala_gpu.validate import validate_config, validate_run_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -207,3 +208,30 @@ def test_the_cli_stops_on_a_full_dev_shm_before_any_run_dir(tmp_path):
     assert "ConfigError: num_slots=5000 x unroll_length=20" in proc.stderr, proc.stderr[-3000:]
     assert "/dev/shm has 1.0 MiB free" in proc.stderr
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_run_config_is_checked_where_auto_or_the_algorithm_changed_it():
+    """``validate_run_config`` takes ``validate_config``'s verdict on the keys that did not
+    change, and checks again what depends on the ones ``auto`` resolved: room for one unroll
+    per env is checked at 1 x 1 envs first, and must hold for the counts auto chose."""
+    checked = cartpole(num_actors="auto", envs_per_actor="auto", precision="auto", num_slots=12)
+    validate_config(checked, allow_auto=True)  # 8 + 1 x 1 slots needed: fits
+    resolved = dataclasses.replace(checked, num_actors=2, envs_per_actor=4, precision="fp32")
+    with pytest.raises(ConfigError, match=r"num_slots=12 cannot hold .* needs >= 16"):
+        validate_run_config(checked, resolved)
+    validate_run_config(checked, dataclasses.replace(resolved, num_slots=16))
+    # A key that neither auto nor an algorithm changes gets every check again.
+    with pytest.raises(ConfigError, match="unroll_length=0 must be positive"):
+        validate_run_config(checked, dataclasses.replace(checked, unroll_length=0))
+
+
+def test_a2cs_derived_batch_is_checked_as_it_runs():
+    """A2C's batch is one unroll of every env (``synchronous_config``): a split that held for
+    the configured batch is checked again on the derived one."""
+    a2c = dataclasses.replace(cartpole().algo, name="a2c")
+    checked = cartpole(algo=a2c, num_actors=1, envs_per_actor=3, batch_size=4, learner_shards=4)
+    validate_config(checked)  # 4 trajectories per step: 4 shards fit
+    with pytest.warns(UserWarning, match="a2c updates on one unroll from every env"):
+        runs = synchronous_config(checked)
+    with pytest.raises(ConfigError, match="learner_shards=4 is more than the 3 trajectories"):
+        validate_run_config(checked, runs)

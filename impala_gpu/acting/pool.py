@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
+from impala_gpu import interrupts
 from impala_gpu.acting.actor import ACTOR_HEARTBEAT_NS, ACTOR_UNROLLS, ActorHandles, actor_main
 from impala_gpu.channels.ring import SlotManager
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds
-from impala_gpu.reporting import stopping
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry.window import Telemetry
 
 STARTUP_GRACE_S = 120.0  # the least silence that counts as hung before an actor's first beat
 
@@ -139,7 +139,7 @@ class ActorPool:
             name=f"actor-{i}",
             daemon=True,
         )
-        with stopping.deferred():  # a child whose start-up data was cut short dies loudly
+        with interrupts.deferred():  # a child whose start-up data was cut short dies loudly
             p.start()
             self.procs[i] = p
         # Its first unroll logs actor_ready (and how long the start-up took).

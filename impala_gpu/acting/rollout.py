@@ -15,7 +15,7 @@ from torch import Tensor
 from impala_gpu.config import Config
 from impala_gpu.envs import EnvSpec, derive_seeds, make_vector_env, reset_vector_env
 from impala_gpu.models import CoreState, Policy
-from impala_gpu.speed import autocast
+from impala_gpu.speed.precision import autocast
 
 
 class EnvStepper:

@@ -6,7 +6,7 @@ copies the shared weights into its local model, rolls out ``unroll_length`` step
 envs with them, computes the n-step actor-critic loss on that (on-policy) rollout, and applies
 its gradient to the shared model without a lock. The main process only watches: it gathers the
 workers' reports and logs the same metrics IMPALA logs, through the same run scaffolding
-(``reporting.run``), so the two baselines compare field by field, network health included
+(``lifecycle.run``), so the two baselines compare field by field, network health included
 (worker 0 measures dead units and logit spread on its own rollout each log interval; every
 worker reports per-layer gradient norms).
 
@@ -44,7 +44,7 @@ from impala_gpu.acting.rollout import (
     sample_action,
 )
 from impala_gpu.channels.ring import STEP_FIELDS, numpy_to_torch_dtype
-from impala_gpu.config import Config
+from impala_gpu.config import Config, ConfigError, resolve_device
 from impala_gpu.envs import EnvSpec, derive_seeds, env_spec
 from impala_gpu.learning.hogwild import (
     HogwildStep,
@@ -54,11 +54,11 @@ from impala_gpu.learning.hogwild import (
 )
 from impala_gpu.learning.learner import STAT_NAMES, Batch, Learner, NonfiniteGuard
 from impala_gpu.learning.optim import lr_factor
+from impala_gpu.lifecycle.run import Resume, Run, StopRule
 from impala_gpu.models import CoreState, Policy, build_model
-from impala_gpu.reporting import health
-from impala_gpu.reporting.run import Resume, Run, StopRule
-from impala_gpu.reporting.telemetry import Telemetry
-from impala_gpu.validate import ConfigError, resolve_device, validate_config
+from impala_gpu.telemetry import health
+from impala_gpu.telemetry.window import Telemetry
+from impala_gpu.validate import require_resolved
 
 # Columns of the shared per-worker counters [num_actors + 1, NUM_WORKER_COUNTERS] (IMPALA's
 # actors keep their own layout, ``acting.actor.ACTOR_*``). Each worker writes only its own row,
@@ -92,7 +92,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
             f"device={cfg.device}, but A3C is Hogwild on CPU: every worker updates one shared "
             "CPU model without a lock. Fix: device=cpu (or auto)."
         )
-    validate_config(cfg)
+    require_resolved(cfg)  # the rest is the caller's to check: the CLI's validate_config
     spec = env_spec(cfg.env)
     torch.manual_seed(cfg.seed)
     shared_model = build_model(spec.obs_shape, spec.num_actions, cfg.model)

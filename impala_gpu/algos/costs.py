@@ -11,7 +11,7 @@ from impala_gpu.calibration.model import (
     Timings,
     Workload,
 )
-from impala_gpu.speed import learner_threads
+from impala_gpu.speed.threads import learner_threads
 
 
 class ImpalaCost:

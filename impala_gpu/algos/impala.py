@@ -1,7 +1,7 @@
 """IMPALA: asynchronous CPU actors, a shared-memory trajectory ring, a V-trace learner.
 
 Top to bottom: ``train`` builds the learner (``build_learner``: model, optimizer, schedule, a
-resumed run's state), the reporting (``reporting.run.Run``: metrics, checkpoints, health
+resumed run's state), the reporting (``lifecycle.run.Run``: metrics, checkpoints, health
 warnings, the stop rule) and the data path (``DataPath.build``: ring, parameter store, actors,
 batcher); then ``learn`` repeats get a batch, ``update``, publish, log and checkpoint until
 the stop rule ends the run. Every exit path saves a checkpoint and closes the data path: no
@@ -25,20 +25,21 @@ from torch import Tensor
 from impala_gpu.acting.actor import ACTOR_IDLE_NS, ACTOR_STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool, Pool, PoolSetup
 from impala_gpu.calibration import measured_alternatives
+from impala_gpu.calibration.hint import diagnose
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.publisher import ParamPublisher
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
-from impala_gpu.config import Config, fresh_batch_size
+from impala_gpu.config import Config, fresh_batch_size, resolve_device, resolve_num_slots
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
 from impala_gpu.learning.learner import STAT_NAMES, Learner, build_learner
-from impala_gpu.reporting import health
-from impala_gpu.reporting.run import Resume, Run, StopRule, say
-from impala_gpu.reporting.telemetry import Telemetry
-from impala_gpu.reporting.tuning import diagnose
-from impala_gpu.speed import allocator, learner_threads
-from impala_gpu.validate import resolve_device, resolve_num_slots, validate_config
+from impala_gpu.lifecycle.run import Resume, Run, StopRule, say
+from impala_gpu.speed.tcmalloc import allocator
+from impala_gpu.speed.threads import learner_threads
+from impala_gpu.telemetry import health
+from impala_gpu.telemetry.window import Telemetry
+from impala_gpu.validate import require_resolved
 
 
 def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def train(cfg: Config, run_dir: str | Path, sweep: dict[str, Any] | None = None)
     if rdv is not None and not rdv.leader:
         distributed.follower_main(rdv, cfg)  # a torchrun rank > 0: trains on its shares only
         return {}
-    validate_config(cfg)
+    require_resolved(cfg)  # the rest is the caller's to check: the CLI's validate_config
     device = resolve_device(cfg.device)
     if rdv is not None:
         device = distributed.learner_device(device, rdv.rank)

@@ -18,7 +18,8 @@ run's ``config.yaml`` (so a run repeats exactly) and ``auto.json`` (why, ``decis
 
 The modules, each one job: ``model`` (the pure arithmetic), ``measure`` (micro-benchmarks),
 ``cache`` (the machine's cache file), ``trials`` (short real runs), ``decision`` (what was
-chosen, and why), ``tune`` (all of it, for a config and an algorithm). The CLI calls
+chosen, and why), ``tune`` (all of it, for a config and an algorithm), ``hint`` (during a run:
+actor- or learner-bound, and what the trials say would help). The CLI calls
 ``apply_auto`` once, before any algorithm runs; a train function never resolves ``auto``.
 """
 

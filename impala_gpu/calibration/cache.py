@@ -61,7 +61,7 @@ def machine_key(device: torch.device) -> dict[str, Any]:
     import gymnasium
 
     from impala_gpu import __version__
-    from impala_gpu.speed import allocator
+    from impala_gpu.speed.tcmalloc import allocator
 
     try:
         import ale_py

@@ -70,7 +70,7 @@ def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -
     from impala_gpu.learning.optim import make_optimizer
     from impala_gpu.learning.shards import ShardThreads
     from impala_gpu.models import build_model
-    from impala_gpu.speed import compile_model
+    from impala_gpu.speed.compile import compile_model
 
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)

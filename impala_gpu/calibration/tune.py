@@ -44,9 +44,9 @@ from impala_gpu.calibration.model import (
     timing_key,
 )
 from impala_gpu.calibration.trials import Train, trial_run
-from impala_gpu.config import auto_keys
+from impala_gpu.config import auto_keys, resolve_device
 from impala_gpu.envs import env_spec
-from impala_gpu.validate import check_values, resolve_device
+from impala_gpu.validate import check_values
 
 # Other processes took more than this share of all cores while auto measured: the timings
 # then measure the contention, not the candidates, and can rank them upside down

@@ -18,6 +18,7 @@ over the process group, not through shared memory).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,8 +28,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from impala_gpu.channels.ring import STEP_FIELDS
-from impala_gpu.config import Config
+from impala_gpu.config import Config, ConfigError, resolve_device
+from impala_gpu.envs import env_spec
 from impala_gpu.learning.batcher import Batch
+from impala_gpu.learning.learner import build_learner
+from impala_gpu.speed.threads import learner_threads
 
 GO, STOP = 1, 0
 BOOL_FIELDS = ("terminated", "truncated", "first")  # carried as uint8
@@ -66,8 +70,6 @@ def learners_on_this_box(cfg: Config) -> tuple[int, str]:
 def rendezvous(cfg: Config) -> Rendezvous | None:
     """This process's place among ``learners`` learners: torchrun's, or rank 0 of
     ``cfg.learners`` on this box; None for a single learner."""
-    from impala_gpu.validate import ConfigError
-
     rdv = torchrun_rendezvous()
     if rdv is not None:
         if cfg.learners not in (1, rdv.world):
@@ -344,13 +346,6 @@ def spawn_followers(rdv: Rendezvous, cfg: Config) -> list:
 
 def follower_main(rdv: Rendezvous, cfg: Config, spawned: bool = False) -> None:
     """A learner rank other than 0: train on each share rank 0 scatters until told to stop."""
-    import signal
-
-    from impala_gpu.envs import env_spec
-    from impala_gpu.learning.learner import build_learner
-    from impala_gpu.speed import learner_threads
-    from impala_gpu.validate import resolve_device
-
     if spawned:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 coordinates shutdown
     device = learner_device(resolve_device(cfg.device), rdv.rank)

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from impala_gpu.config import AlgoCfg
+from impala_gpu.config import AlgoCfg, ConfigError
 from impala_gpu.learning.optim import RMSpropTF, make_optimizer
-from impala_gpu.validate import ConfigError
 
 # Per-parameter state tensors torch's own lazy init would create (besides "step").
 _STATE_BUFFERS: dict[type, Callable[[dict], list[str]]] = {

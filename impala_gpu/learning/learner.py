@@ -23,15 +23,16 @@ from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import make_lr_scheduler, make_optimizer
 from impala_gpu.learning.shards import LOSS_STATS, ShardThreads, loss_stats
 from impala_gpu.models import PolicyOutput, build_model
-from impala_gpu.reporting import health
-from impala_gpu.reporting.health import layer_grad_norms
 from impala_gpu.rl.losses import (
     LossOutput,
     MomentsReduce,
     discounts_from_terminated,
     impala_loss,
 )
-from impala_gpu.speed import autocast, compile_model
+from impala_gpu.speed.compile import compile_model
+from impala_gpu.speed.precision import autocast
+from impala_gpu.telemetry import health
+from impala_gpu.telemetry.health import layer_grad_norms
 
 STAT_NAMES = (
     "total_loss",
@@ -405,7 +406,7 @@ def build_learner(
     data_parallel: Callable[..., Parallel] | None = None,
 ) -> Learner:
     """The model, optimizer, LR schedule and non-finite guard. A resumed run's
-    ``restore(model, optimizer=, scheduler=)`` (``reporting.run.Resume.load``) loads them from
+    ``restore(model, optimizer=, scheduler=)`` (``lifecycle.run.Resume.load``) loads them from
     its checkpoint before ``data_parallel(model, optimizer, scheduler)`` (learners > 1) hands
     them to the other ranks, so every rank starts from the checkpoint."""
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)

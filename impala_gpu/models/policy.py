@@ -78,8 +78,9 @@ class Policy(nn.Module):
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *self.obs_shape)
         # Straight to bf16 under bf16 autocast (the first layer would cast again). The layout
-        # stays NCHW (see InputConv), except for fp32 training, where a channels_last input is
-        # faster (learner step 234 -> 200 ms, Pong T=20 B=32, 2 threads).
+        # stays NCHW (see InputConv: the transpose of a few uint8 channels costs more than it
+        # saves), except for fp32 training, the one case where a channels_last input pays for
+        # its transpose (docs/performance.md, "input layout").
         dtype = _input_dtype(x.device.type)
         fp32_training = dtype == torch.float32 and torch.is_grad_enabled()
         cl_input = self.channels_last and fp32_training

@@ -9,7 +9,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from impala_gpu.reporting.health import Layer
+from impala_gpu.telemetry.health import Layer
 
 
 class InputConv(nn.Conv2d):

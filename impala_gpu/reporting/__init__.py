@@ -1,1 +1,2 @@
-"""Reporting: metrics, telemetry, the console, tuning hints, network health, checkpoints."""
+"""Reporting: what a run writes and prints: metrics (metrics.jsonl, TensorBoard, W&B), events,
+the console's progress line and end summary, network-health warnings, checkpoints."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_gpu.validate import ConfigError
+from impala_gpu.config import ConfigError
 
 CKPT_DIR = "checkpoints"
 BEST = "best.pt"

@@ -162,10 +162,9 @@ class MetricsLogger:
             # hides the first attempt's points from there on too, so no step shows twice.
             last = _last_frames(self.path)
             purge = None if last is None else last + 1
-            # Its writer thread sleeps until the next flush. A Ctrl-C that lands inside a write
-            # can cost it the wake-up for close()'s stop signal (seen: close() stalled past 60 s
-            # in about 1 of 15 interrupted CartPole runs), so flush_secs bounds that stall; at
-            # TensorBoard's 120 s default it also left a live view minutes behind.
+            # Its writer thread sleeps until the next flush, and a Ctrl-C that lands inside a
+            # write can cost it the wake-up for close()'s stop signal: flush_secs bounds how long
+            # close() may then wait, and how far a live TensorBoard view lags the run.
             self.tb = SummaryWriter(
                 log_dir=str(self.run_dir), purge_step=purge, flush_secs=TB_FLUSH_S
             )

@@ -1,6 +1,6 @@
 """The end of a run on the console: what it reached and where its files and curves are.
 
-Every algorithm calls ``print_summary`` (through ``reporting.run.Run.end``) after the final
+Every algorithm calls ``print_summary`` (through ``lifecycle.run.Run.end``) after the final
 checkpoint is saved, on a normal end and on Ctrl-C/SIGTERM alike, so a user always learns where
 the weights went and how to look at the run.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from impala_gpu.reporting.logger import MetricsLogger
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry.window import Telemetry
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ import torch
 from leakcheck import cli_command, kill_marked, leaked_shm, processes_with_marker, shm_entries
 
 from impala_gpu.channels.params import flat_parameters
-from impala_gpu.config import Config, EnvCfg, ModelCfg
+from impala_gpu.config import Config, ConfigError, EnvCfg, ModelCfg
 from impala_gpu.envs import env_spec
 from impala_gpu.models import build_model
-from impala_gpu.validate import ConfigError, validate_runtime
+from impala_gpu.validate import validate_runtime
 
 ray = pytest.importorskip("ray")
 

@@ -13,16 +13,24 @@ import dataclasses
 import pytest
 import torch
 from leakcheck import read_events, read_metrics, run_cli
+from ringdata import (
+    ATARI_ACTIONS,
+    ATARI_OBS,
+    LOSS_STATS,
+    batches_from_ring,
+    expected_batch,
+    one_update,
+    random_batch,
+)
 from ringdata import SPEC as LSTM_SPEC
-from ringdata import batches_from_ring, expected_batch, random_batch
-from test_speed import ATARI_ACTIONS, ATARI_OBS, LOSS_STATS, one_update
 
-from impala_gpu import speed
 from impala_gpu.channels.ring import STEP_FIELDS, RingSpec
 from impala_gpu.config import ModelCfg
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.learner import STAT_NAMES
 from impala_gpu.models import build_model
+from impala_gpu.speed.precision import autocast
+from impala_gpu.speed.threads import default_learner_threads
 
 pytestmark = [
     pytest.mark.cuda,
@@ -106,14 +114,14 @@ def test_bf16_update_on_cuda_matches_fp32(case):
     ref_stats, ref_delta = one_update(copy.deepcopy(model), batch, "fp32")
     bf_model = copy.deepcopy(model)
     bf_stats, bf_delta = one_update(bf_model, batch, "bf16")
-    # The thresholds of tests/test_speed.py's CPU bf16 test.
+    # The thresholds of tests/speed/test_precision.py's CPU bf16 test.
     assert_same_update(
         bf_stats, bf_delta, ref_stats, ref_delta, rtol=3e-2, cosine_min=0.99, norm_tol=0.05
     )
     assert not torch.equal(bf_delta, ref_delta), "bf16 autocast did not change anything"
     assert bf_stats.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in bf_model.parameters())
-    with torch.no_grad(), speed.autocast("cuda", "bf16"):
+    with torch.no_grad(), autocast("cuda", "bf16"):
         out = bf_model(batch.obs, batch.first, batch.core_state)
     assert out.logits.dtype == torch.bfloat16, "autocast did not run the forward in bf16"
 
@@ -138,4 +146,4 @@ def test_cuda_cartpole_run_learns_and_reports_gpu_busy(tmp_path):
     assert metrics[-1]["episode_return"] > 75, [m["episode_return"] for m in metrics]
     start = read_events(run_dir)[0]
     assert start["event"] == "start" and start["device"].startswith("cuda")
-    assert start["learner_threads"] == speed.default_learner_threads("cuda", "fp32", 1, 2)
+    assert start["learner_threads"] == default_learner_threads("cuda", "fp32", 1, 2)

@@ -16,12 +16,12 @@ import torch.multiprocessing as mp
 from leakcheck import run_cartpole_and_check_it_learns
 from ringdata import random_batch
 
-from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
+from impala_gpu.config import AlgoCfg, Config, ConfigError, EnvCfg, ModelCfg
 from impala_gpu.learning import distributed
 from impala_gpu.learning.learner import Learner
 from impala_gpu.models import build_model
 from impala_gpu.models.normalize import ObsNormalizer
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.validate import validate_config
 
 OBS, ACTIONS, T, B, STEPS = (4,), 2, 5, 8, 3
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from impala_gpu.config import AlgoCfg, ModelCfg
+from impala_gpu.config import AlgoCfg, ConfigError, ModelCfg
 from impala_gpu.learning.hogwild import (
     HogwildStep,
     cloned,
@@ -17,7 +17,6 @@ from impala_gpu.learning.hogwild import (
 )
 from impala_gpu.learning.optim import make_optimizer
 from impala_gpu.models import build_model
-from impala_gpu.validate import ConfigError
 
 MLP = ModelCfg(name="mlp", hidden_size=128)
 

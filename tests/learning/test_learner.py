@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impala_gpu.config import AlgoCfg, Config, EnvCfg, ModelCfg
+from impala_gpu.config import AlgoCfg, Config, ConfigError, EnvCfg, ModelCfg
 from impala_gpu.learning import learner
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.models import build_model
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.validate import validate_config
 
 T, B, OBS, A = 4, 6, 3, 2
 

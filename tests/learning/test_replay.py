@@ -13,11 +13,11 @@ from leakcheck import read_metrics, run_cli
 from ringdata import SPEC, pattern, produce
 
 from impala_gpu.channels.ring import STEP_FIELDS, SlotManager, TrajectoryRing
-from impala_gpu.config import AlgoCfg, Config, EnvCfg, ReplayCfg, fresh_batch_size
+from impala_gpu.config import AlgoCfg, Config, ConfigError, EnvCfg, ReplayCfg, fresh_batch_size
 from impala_gpu.learning.batcher import Batcher, _alloc_batch
 from impala_gpu.learning.replay import ReplayBuffer
-from impala_gpu.reporting.telemetry import Telemetry
-from impala_gpu.validate import ConfigError, validate_config
+from impala_gpu.telemetry.window import Telemetry
+from impala_gpu.validate import validate_config
 
 
 def _batch_of(ring: TrajectoryRing, B: int, marks: list[float]):

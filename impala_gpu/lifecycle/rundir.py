@@ -38,8 +38,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from impala_gpu.config import ConfigError
 from impala_gpu.reporting.checkpoint import BEST, CKPT_DIR, list_checkpoints
-from impala_gpu.validate import ConfigError
 
 HYDRA_SUBDIR = ".hydra"
 

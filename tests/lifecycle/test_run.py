@@ -10,11 +10,10 @@ import pytest
 import torch
 from leakcheck import read_events
 
-from impala_gpu.config import CheckpointCfg, Config, EnvCfg, ModelCfg, WandbCfg
+from impala_gpu.config import CheckpointCfg, Config, ConfigError, EnvCfg, ModelCfg, WandbCfg
+from impala_gpu.lifecycle.run import Resume, Run, RunProgress, StopRule
 from impala_gpu.models import build_model
-from impala_gpu.reporting.run import Resume, Run, RunProgress, StopRule
-from impala_gpu.reporting.telemetry import Telemetry
-from impala_gpu.validate import ConfigError
+from impala_gpu.telemetry.window import Telemetry
 
 
 def make_cfg(**kw) -> Config:

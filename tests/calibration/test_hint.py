@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from impala_gpu.calibration import Candidate
+from impala_gpu.calibration.hint import diagnose
 from impala_gpu.config import Config
-from impala_gpu.reporting.tuning import diagnose
 
 
 def window(busy: float, wait: float, actor_idle: float) -> dict[str, float]:

@@ -1,6 +1,5 @@
-"""``ConfigError``, in a module of its own: ``validate`` and the checks it calls
-(``validate_inputs``, ``validate_sizes``, ``overrides``) all raise it, and none of them may
-import another at load time in a cycle. ``impala_gpu.validate`` re-exports it."""
+"""``ConfigError``: what every layer raises for a value that cannot work, from a learner's
+device to a resumed checkpoint, so it lives on the bottom floor beside the schema."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from leakcheck import cli_command, read_events, read_metrics
 
-from impala_gpu.reporting.rundir import (
+from impala_gpu.lifecycle.rundir import (
     RunDirInUse,
     RunDirTaken,
     _fresh_name,
@@ -27,7 +27,7 @@ from impala_gpu.reporting.rundir import (
     release_all,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHORT = ("experiment=cartpole_impala", "precision=fp32", "log_interval_s=0.5")
 
 
@@ -134,7 +134,7 @@ def test_a_finished_run_is_never_overwritten_and_a_resume_makes_no_new_dir(tmp_p
 def _hold_lock(path: Path) -> subprocess.Popen:
     """Another process that holds ``path``'s claim until killed."""
     code = (
-        "import sys, time; from impala_gpu.reporting.rundir import claim_run_dir; "
+        "import sys, time; from impala_gpu.lifecycle.rundir import claim_run_dir; "
         "claim_run_dir(sys.argv[1]); print('held', flush=True); time.sleep(600)"
     )
     proc = subprocess.Popen(
@@ -196,7 +196,7 @@ def test_a_claim_is_held_while_the_run_lasts_and_is_reentrant(tmp_path):
             [
                 sys.executable,
                 "-c",
-                "import sys; from impala_gpu.reporting.rundir import claim_run_dir; "
+                "import sys; from impala_gpu.lifecycle.rundir import claim_run_dir; "
                 "claim_run_dir(sys.argv[1])",
                 str(run_dir),
             ],

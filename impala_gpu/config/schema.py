@@ -189,7 +189,7 @@ def conf_dir() -> str:
     """Hydra's config tree (``config.yaml`` and the group folders): ``impala_gpu/conf`` in an
     installed wheel, which carries it (setup.py maps it there); else ``conf/`` beside the
     package, in a checkout or an editable install of one. The one place that looks."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     for candidate in (package / "conf", package.parent / "conf"):
         if (candidate / "config.yaml").is_file():
             return str(candidate)

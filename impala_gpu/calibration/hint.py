@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from impala_gpu.calibration import Candidate
+from impala_gpu.calibration.model import Candidate
 from impala_gpu.config import Config
 
 STARVED_WAIT = 0.10  # learner waiting more than this fraction of its time: actor-bound

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from impala_gpu.learning.learner import STAT_NAMES
-from impala_gpu.reporting.telemetry import Telemetry
+from impala_gpu.telemetry.window import Telemetry
 
 
 def test_reached_needs_a_full_window_at_or_above_the_target():

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from impala_gpu.config import Config, to_container
+from impala_gpu.config import Config, ConfigError, to_container
 from impala_gpu.reporting.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
@@ -30,12 +30,11 @@ from impala_gpu.reporting.checkpoint import (
     set_rng_state,
     truncate_lines,
 )
-from impala_gpu.reporting.health import HealthWatch
+from impala_gpu.reporting.health_watch import HealthWatch
 from impala_gpu.reporting.logger import MetricsLogger
 from impala_gpu.reporting.progress import Progress
 from impala_gpu.reporting.summary import print_summary
-from impala_gpu.reporting.telemetry import Telemetry
-from impala_gpu.validate import ConfigError
+from impala_gpu.telemetry.window import Telemetry
 
 # The checkpoint this process saved last (a run's final one on Ctrl-C/SIGTERM): what the CLI's
 # last line may claim was saved. A trial's (auto) lay in a temporary dir, gone by then.

@@ -1,4 +1,4 @@
-"""Learner telemetry: the seed's b/(a+b) made visible.
+"""Learner telemetry, one log window at a time: the seed's b/(a+b) made visible.
 
 Each log window splits the learner's wall time into
 - busy: forward + loss + backward + clip + optimizer step (until its stats are read back),

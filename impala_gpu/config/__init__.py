@@ -1,0 +1,66 @@
+"""The config, the bottom floor every part stands on: its schema (``schema``: one dataclass
+per Hydra group), the error a value that cannot work raises (``errors``), and what its open
+values come to on this machine (``resolve``). It imports no other part of the package."""
+
+from impala_gpu.config.errors import ConfigError, require
+from impala_gpu.config.resolve import (
+    min_num_slots,
+    resolve_device,
+    resolve_num_slots,
+    visible_devices,
+)
+from impala_gpu.config.schema import (
+    AUTO,
+    AUTO_KEYS,
+    AUTO_TRIAL_ENV,
+    STOP_RETURNS,
+    AlgoCfg,
+    CheckpointCfg,
+    Config,
+    EnvCfg,
+    HealthCfg,
+    ModelCfg,
+    RayCfg,
+    ReplayCfg,
+    WandbCfg,
+    auto_keys,
+    auto_trial_default,
+    conf_dir,
+    fresh_batch_size,
+    register_configs,
+    save_config,
+    short_env,
+    stop_return,
+    to_container,
+)
+
+__all__ = [
+    "AUTO",
+    "AUTO_KEYS",
+    "AUTO_TRIAL_ENV",
+    "STOP_RETURNS",
+    "AlgoCfg",
+    "CheckpointCfg",
+    "Config",
+    "ConfigError",
+    "EnvCfg",
+    "HealthCfg",
+    "ModelCfg",
+    "RayCfg",
+    "ReplayCfg",
+    "WandbCfg",
+    "auto_keys",
+    "auto_trial_default",
+    "conf_dir",
+    "fresh_batch_size",
+    "min_num_slots",
+    "register_configs",
+    "require",
+    "resolve_device",
+    "resolve_num_slots",
+    "save_config",
+    "short_env",
+    "stop_return",
+    "to_container",
+    "visible_devices",
+]
