@@ -166,7 +166,10 @@ def _full_forward_gradients(model, batch: Batch, algo: AlgoCfg) -> list[torch.Te
     out = model(batch.obs, batch.first, batch.core_state)
     logits, values = out.logits, out.value
     reference = logits.detach()[:-1] if algo.ppo_clip > 0 else None
-    loss = learner.batch_loss(batch, algo, logits[:-1], values[:-1], values[-1], reference)
+    loss = learner.batch_loss(
+        batch, learner.loss_options(algo), algo.discount, logits[:-1], values[:-1], values[-1],
+        reference,
+    )  # fmt: skip
     model.zero_grad()
     loss.total.backward()
     return [p.grad.clone() for p in model.parameters()]

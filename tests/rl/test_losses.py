@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from impala_gpu.rl import vtrace
-from impala_gpu.rl.losses import LossOutput, discounts_from_terminated, impala_loss
+from impala_gpu.rl.losses import LossOptions, LossOutput, discounts_from_terminated, impala_loss
 
 GAMMA = 0.9
 LOSS_FIELDS = ("total", "pg_loss", "baseline_loss", "entropy_loss")
@@ -33,7 +33,9 @@ def make_batch(
     }
 
 
-def run_loss(batch: dict[str, torch.Tensor], **kwargs: object) -> LossOutput:
+def run_loss(
+    batch: dict[str, torch.Tensor], reference_logits: torch.Tensor | None = None, **kwargs: object
+) -> LossOutput:
     return impala_loss(
         batch["target_logits_t"],
         batch["values_t"],
@@ -43,7 +45,8 @@ def run_loss(batch: dict[str, torch.Tensor], **kwargs: object) -> LossOutput:
         batch["rewards"],
         batch["discounts"],
         batch["valid"],
-        **kwargs,  # type: ignore[arg-type]
+        LossOptions(**kwargs),  # type: ignore[arg-type]
+        reference_logits=reference_logits,
     )
 
 
