@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.channels.ring import STEP_FIELDS
-from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
+from impala_gpu.config import AlgoCfg, Config, frames_per_update
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import make_lr_scheduler, make_optimizer
@@ -415,8 +415,7 @@ def build_learner(
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)
     compile_model(model, cfg.compile)
-    frames_per_update = fresh_batch_size(cfg) * cfg.unroll_length * spec.frames_per_step
-    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
+    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update(cfg, spec.frames_per_step))
     grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
     if restore is not None:
         restore(model, optimizer=optimizer, scheduler=scheduler)
