@@ -438,3 +438,15 @@ def test_comparison_cells_compose_with_one_update_size(hydra_compose, experiment
         assert cfg.algo.name == cell.split("_")[0]
         # a3c_160 is the unmatched A3C kept for the before/after figures in docs/results/compare.md.
         assert _steps_per_update(cfg) == (steps // 2 if cell == "a3c_160" else steps), cell
+
+
+def test_an_update_counts_the_fresh_trajectories_steps_and_frames() -> None:
+    from impala_gpu.config import ReplayCfg, frames_per_update, steps_per_update
+
+    cfg = Config(env=EnvCfg(id="ALE/Pong-v5"), batch_size=32, unroll_length=20)
+    assert steps_per_update(cfg) == 32 * 20
+    assert frames_per_update(cfg, 4) == 32 * 20 * 4
+    # A quarter of each batch replayed: those steps were counted when they were fresh.
+    cfg.replay = ReplayCfg(proportion=0.25, capacity=100)
+    assert steps_per_update(cfg) == 24 * 20
+    assert frames_per_update(cfg, 4) == 24 * 20 * 4

@@ -74,6 +74,12 @@ NUM_WORKER_COUNTERS = 3
 Report = tuple[int, np.ndarray, int, list[tuple[float, int]], dict[str, float] | None]
 
 
+def worker_steps_per_update(cfg: Config) -> int:
+    """Agent steps in one worker's update: a T-step unroll of each of its ``envs_per_actor``
+    envs (A3C has no central batch: ``batch_size`` does not apply)."""
+    return cfg.unroll_length * cfg.envs_per_actor
+
+
 @dataclass
 class WorkerHandles:
     """What the main process hands each worker (all picklable to spawn children)."""
@@ -208,7 +214,7 @@ def _work(
     learner = Learner(
         model, hogwild, algo, cfg.precision, grad_groups=grad_groups, absorbs_input_stats=False
     )  # type: ignore[arg-type]
-    steps_per_update = cfg.unroll_length * cfg.envs_per_actor
+    steps_per_update = worker_steps_per_update(cfg)
     counters = handles.counters
     # One worker measures health: the weights are shared, and one sample per log line is what
     # IMPALA's learner takes too.
@@ -309,7 +315,7 @@ def monitor(
     signal stop, gather the last reports and log the final line. Returns the last logged
     metrics. ``run.tele`` may hold a resumed run's episodes."""
     tele, bar = run.tele, run.progress_bar()
-    steps_per_update = cfg.unroll_length * cfg.envs_per_actor
+    steps_per_update = worker_steps_per_update(cfg)
     now = time.perf_counter()
     stop = StopRule(cfg, bar, start=now)
     before = handles.counters[-1]  # a resumed run's earlier work: its updates were reported then

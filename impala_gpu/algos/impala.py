@@ -29,7 +29,14 @@ from impala_gpu.calibration.hint import diagnose
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.publisher import ParamPublisher
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
-from impala_gpu.config import Config, fresh_batch_size, resolve_device, resolve_num_slots
+from impala_gpu.config import (
+    Config,
+    frames_per_update,
+    fresh_batch_size,
+    resolve_device,
+    resolve_num_slots,
+    steps_per_update,
+)
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.learning import distributed
 from impala_gpu.learning.batcher import Batch, Batcher
@@ -238,8 +245,7 @@ def learn(
     """The train loop: get a batch, update, publish, log, checkpoint, until the stop rule
     (``total_frames``, ``max_seconds``, ``target_return``). Returns the last logged metrics."""
     progress, tele, batcher = run.progress, run.tele, data.batcher
-    steps_per_update = fresh_batch_size(cfg) * cfg.unroll_length  # replayed steps are not new
-    frames_per_update = steps_per_update * frames_per_step
+    update_steps, update_frames = steps_per_update(cfg), frames_per_update(cfg, frames_per_step)
     bar = run.progress_bar()
     book = LogBook(run_start=time.perf_counter())
     stop = StopRule(cfg, bar, start=book.run_start)
@@ -254,9 +260,7 @@ def learn(
         if learner.nonfinite.tripped(stats_np):
             # The skipped updates never touched the weights: save them, then stop.
             raise learner.nonfinite.error(run.save_checkpoint(learner.checkpoint_state()))
-        tele.add_update(
-            stats_np, lags[~replayed], frames_per_update, steps_per_update, lags[replayed]
-        )
+        tele.add_update(stats_np, lags[~replayed], update_frames, update_steps, lags[replayed])
 
     try:
         while stop.running(progress.frames, time.perf_counter()):
@@ -269,7 +273,7 @@ def learn(
                 continue
             k, batch = got
             # Decided once, before the step: health is measured on the batch still in hand.
-            log_now = _log_due(cfg, stop, progress.frames + frames_per_update, last_log)
+            log_now = _log_due(cfg, stop, progress.frames + update_frames, last_log)
             stats = update(learner, batch, tele)
             if cfg.health.enabled and log_now:
                 tele.health = health.measure(
@@ -279,7 +283,7 @@ def learn(
             batcher.done(k)
             learner.scheduler.step()
             progress.version += 1
-            progress.frames += frames_per_update
+            progress.frames += update_frames
             record(late.swap(stats, lags, batch.replayed.numpy()))
             if progress.version % cfg.publish_interval == 0:
                 data.publisher.publish(learner.model, progress.version)  # no device sync

@@ -269,3 +269,16 @@ def fresh_batch_size(cfg: Config) -> int:
     """Trajectories per batch that come fresh from the actors (the rest are replayed): what
     an update consumes of the frame budget."""
     return cfg.batch_size - round(cfg.replay.proportion * cfg.batch_size)
+
+
+def steps_per_update(cfg: Config) -> int:
+    """New agent steps in one update of the central learner (IMPALA, A2C): T steps of each
+    fresh trajectory (replayed steps were counted when they were fresh)."""
+    return fresh_batch_size(cfg) * cfg.unroll_length
+
+
+def frames_per_update(cfg: Config, frames_per_step: int) -> int:
+    """Emulator frames in one update of the central learner (``steps_per_update`` times the
+    env's ``frames_per_step``): what an update takes of ``total_frames`` and of the learning
+    rate's decay."""
+    return steps_per_update(cfg) * frames_per_step

@@ -8,7 +8,7 @@ indices are drawn there, so a CUDA learner can queue update n+1 while update n r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,13 +17,14 @@ import torch
 from torch import Tensor, nn
 
 from impala_gpu.channels.ring import STEP_FIELDS
-from impala_gpu.config import AlgoCfg, Config, fresh_batch_size
+from impala_gpu.config import AlgoCfg, Config, frames_per_update
 from impala_gpu.envs import EnvSpec
 from impala_gpu.learning.batcher import Batch
 from impala_gpu.learning.optim import make_lr_scheduler, make_optimizer
 from impala_gpu.learning.shards import LOSS_STATS, ShardThreads, loss_stats
 from impala_gpu.models import PolicyOutput, build_model
 from impala_gpu.rl.losses import (
+    LossOptions,
     LossOutput,
     MomentsReduce,
     discounts_from_terminated,
@@ -119,20 +120,27 @@ def step_stats(
     return torch.cat(parts)
 
 
+def loss_options(algo: AlgoCfg) -> LossOptions:
+    """``algo``'s options for ``impala_loss``: LossOptions's fields are AlgoCfg's keys of the
+    same names."""
+    return LossOptions(**{f.name: getattr(algo, f.name) for f in fields(LossOptions)})
+
+
 def step_loss(
     model: nn.Module,
     batch: Batch,
-    algo: AlgoCfg,
-    precision: str,
+    learner: Learner,
     reference_logits: Tensor | None = None,
     moments_reduce: MomentsReduce | None = None,
 ) -> tuple[LossOutput, Tensor]:
     """Forward, V-trace targets and loss of ``batch`` (step fields ``[T+1, b]``; the graph kept
-    for backward), and the policy's detached logits on all its steps ``[T+1, b, A]``.
-    ``reference_logits [T+1, b, A]``: what ``ppo_clip`` clips against (``impala_loss``);
-    ``moments_reduce``: this batch is one share of the minibatch, whose advantage moments it
-    sums."""
-    out, bootstrap = forward_with_bootstrap(model, batch, precision)
+    for backward) with ``learner``'s config, loss options and precision, and the policy's
+    detached logits on all its steps ``[T+1, b, A]``. ``model``: the learner's, DDP-wrapped
+    where it is; ``reference_logits [T+1, b, A]``: what ``ppo_clip`` clips against
+    (``impala_loss``); ``moments_reduce``: this batch is one share of the minibatch, whose
+    advantage moments it sums."""
+    algo = learner.algo
+    out, bootstrap = forward_with_bootstrap(model, batch, learner.precision)
     logits, values = out.logits.float(), out.value.float()  # [T, b, A], [T, b]
     if reference_logits is not None:
         reference_logits = reference_logits[:-1]  # kept as [T+1]; step T is never read
@@ -140,14 +148,16 @@ def step_loss(
         reference_logits = logits.detach()  # the first visit: its own anchor, ratio 1
     bootstrap_value = bootstrap.value[0].float()
     loss = batch_loss(
-        batch, algo, logits, values, bootstrap_value, reference_logits, moments_reduce
-    )
+        batch, learner.loss_options, algo.discount, logits, values, bootstrap_value,
+        reference_logits, moments_reduce,
+    )  # fmt: skip
     return loss, torch.cat([out.logits.detach(), bootstrap.logits])
 
 
 def batch_loss(
     batch: Batch,
-    algo: AlgoCfg,
+    options: LossOptions,
+    discount: float,
     logits_t: Tensor,
     values_t: Tensor,
     bootstrap_value: Tensor,
@@ -164,18 +174,10 @@ def batch_loss(
         behavior_logits=batch.logits[:-1],
         actions=batch.action[:-1],
         rewards=batch.reward[1:],
-        discounts=discounts_from_terminated(batch.terminated[1:], algo.discount),
+        discounts=discounts_from_terminated(batch.terminated[1:], discount),
         # The step out of a final observation only leads to the next episode's reset obs.
         valid=~(batch.terminated[:-1] | batch.truncated[:-1]),
-        baseline_cost=algo.baseline_cost,
-        entropy_cost=algo.entropy_cost,
-        clip_rho_threshold=algo.clip_rho_threshold,
-        clip_pg_rho_threshold=algo.clip_pg_rho_threshold,
-        lambda_=algo.vtrace_lambda,
-        reduction=algo.reduction,
-        correction=algo.correction,
-        normalize_advantages=algo.normalize_advantages,
-        ppo_clip=algo.ppo_clip,
+        options=options,
         reference_logits=reference_logits_t,
         advantage_moments=moments_reduce,
     )
@@ -289,6 +291,10 @@ class Learner:
     shards: ShardThreads | None = None  # learner_shards > 1: each SGD step split over threads
     absorbs_input_stats: bool = True  # False: the statistics are someone else's (A3C)
     replays: bool = False  # batches mix in replayed trajectories (replay.capacity > 0)
+    loss_options: LossOptions = field(init=False)  # loss_options(algo), built once
+
+    def __post_init__(self) -> None:
+        self.loss_options = loss_options(self.algo)
 
     def update(self, batch: Batch | None) -> Tensor:
         """One update on ``batch`` (step fields ``[T+1, B]``; None on a rank > 0 of
@@ -349,9 +355,7 @@ class Learner:
         model = self.model if self.parallel is None else self.parallel.model
         self.optimizer.zero_grad(set_to_none=True)
         if self.shards is None:
-            loss, logits = step_loss(
-                model, batch, self.algo, self.precision, reference_logits, reduce
-            )
+            loss, logits = step_loss(model, batch, self, reference_logits, reduce)
             (loss.total * scale if scale != 1.0 else loss.total).backward()
             terms = loss_stats(loss)
         else:
@@ -374,7 +378,7 @@ class Learner:
             if reference is not None:
                 reference = reference.index_select(1, index.to(reference.device))
             share = minibatch(batch, index)
-            return step_loss(self.model, share, self.algo, self.precision, reference, reduce)
+            return step_loss(self.model, share, self, reference, reduce)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         assert self.shards is not None
@@ -412,8 +416,7 @@ def build_learner(
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)
     compile_model(model, cfg.compile)
-    frames_per_update = fresh_batch_size(cfg) * cfg.unroll_length * spec.frames_per_step
-    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update)
+    scheduler = make_lr_scheduler(optimizer, cfg, frames_per_update(cfg, spec.frames_per_step))
     grad_names, grad_groups = health.grad_groups(model) if cfg.health.enabled else ([], None)
     if restore is not None:
         restore(model, optimizer=optimizer, scheduler=scheduler)

@@ -11,30 +11,38 @@ thing for truncation; for termination its discount is already 0).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from impala_gpu.rl import vtrace
+from impala_gpu.rl.advantages import MomentsReduce, masked_sum, normalized
+from impala_gpu.rl.distributions import kl_divergence, policy_entropy
+from impala_gpu.rl.vtrace import VTraceReturns, assert_time_major
 
 __all__ = [
     "CORRECTIONS",
+    "PG_ADVANTAGES",
+    "PPO_REFERENCES",
+    "LossOptions",
     "LossOutput",
     "MomentsReduce",
+    "Steps",
+    "assert_time_major",
     "clipped_surrogate",
     "correction_name",
     "discounts_from_terminated",
     "impala_loss",
+    "is1_advantages",
+    "normalized",
+    "nstep_advantages",
+    "ppo_objective",
+    "vtrace_advantages",
 ]
 
 _REDUCTIONS = ("sum", "mean")
 
-# One share's advantage moments ``[3]`` (valid count, sum, sum of squares; float64) -> the same
-# summed over every share of the minibatch, when a minibatch is split over threads
-# (``learner_shards``) or processes (``learners``), so that every share normalises alike.
-MomentsReduce = Callable[[torch.Tensor], torch.Tensor]
 # Off-policy corrections (IMPALA paper, section 5.2.2, Table 2):
 # - vtrace: V-trace targets and rho-weighted policy gradient (the paper's method);
 # - none: importance weights dropped everywhere: n-step returns on possibly stale data;
@@ -55,6 +63,36 @@ def correction_name(correction: str | bool) -> str:
             "importance sampling)."
         )
     return correction
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """What :func:`impala_loss` does besides its tensors; the learner builds it once from
+    ``algo`` (``learning.learner.loss_options``), whose keys of the same names it mirrors."""
+
+    baseline_cost: float = 0.5  # weight of 0.5 * (vs - V)^2
+    entropy_cost: float = 0.01  # weight of the entropy bonus
+    clip_rho_threshold: float | None = 1.0  # V-trace's rho-bar for the value targets
+    clip_pg_rho_threshold: float | None = 1.0  # rho-bar of the pg advantages (is1, IMPACT)
+    vtrace_lambda: float = 1.0  # V-trace's traces c_t = lambda * min(1, rho_t)
+    # "sum" over time and batch (the paper, TorchBeast) or "mean" (each sum divided by the
+    # number of valid steps, at least 1).
+    reduction: str = "sum"
+    correction: str | bool = "vtrace"  # one of CORRECTIONS (a legacy bool: True is vtrace)
+    # Policy-gradient advantages scaled to mean 0, std 1 over the batch's valid steps (PPO,
+    # Sample Factory), so the policy's signal keeps its size when rewards are rare.
+    normalize_advantages: bool = False
+    # > 0: PPO's clipped surrogate (``ppo_objective``) in place of the policy gradient, the
+    # trust region that lets one batch serve several SGD steps (``algo.epochs``).
+    ppo_clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.reduction not in _REDUCTIONS:
+            raise ValueError(
+                f"reduction must be one of {_REDUCTIONS}, got {self.reduction!r}. Fix: "
+                "algo.reduction=sum or algo.reduction=mean."
+            )
+        object.__setattr__(self, "correction", correction_name(self.correction))
 
 
 @dataclass
@@ -105,79 +143,6 @@ def discounts_from_terminated(terminated_t: torch.Tensor, gamma: float) -> torch
     return gamma * (~terminated_t.bool()).float()
 
 
-def _masked_sum(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    # torch.where (not a multiply) so NaN/inf in masked-out slots cannot leak through.
-    return torch.where(valid, x, torch.zeros_like(x)).sum()
-
-
-def normalized(
-    x: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8, reduce: MomentsReduce | None = None
-) -> torch.Tensor:
-    """``x [T, B]`` shifted and scaled to mean 0, std 1 over its ``valid`` entries (0 elsewhere);
-    with ``reduce``, over the valid entries of every share whose moments ``reduce`` sums."""
-    if reduce is not None:
-        return _normalized_over_shares(x, valid, eps, reduce)
-    n = valid.sum().clamp(min=1)
-    mean = _masked_sum(x, valid) / n
-    var = _masked_sum((x - mean) ** 2, valid) / (n - 1).clamp(min=1)
-    return torch.where(valid, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
-
-
-def _normalized_over_shares(
-    x: torch.Tensor, valid: torch.Tensor, eps: float, reduce: MomentsReduce
-) -> torch.Tensor:
-    x64 = torch.where(valid, x.double(), torch.zeros_like(x, dtype=torch.float64))
-    moments = torch.stack([valid.sum().double(), x64.sum(), x64.square().sum()])
-    n, total, squares = reduce(moments).unbind()
-    n = n.clamp(min=1)
-    mean = total / n
-    # float64: the one-pass variance loses ~1e-16 relative per term, not fp32's 1e-7
-    var = ((squares - n * mean * mean) / (n - 1).clamp(min=1)).clamp(min=0)
-    scaled = (x - mean.to(x.dtype)) / (var.sqrt().to(x.dtype) + eps)
-    return torch.where(valid, scaled, torch.zeros_like(x))
-
-
-def _checked_mask(
-    target_logits_t: torch.Tensor,
-    behavior_logits: torch.Tensor,
-    values_t: torch.Tensor,
-    valid: torch.Tensor,
-    reduction: str,
-) -> torch.Tensor:
-    """``valid`` as a bool mask, after checking that the loss's inputs fit together."""
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if behavior_logits.shape != target_logits_t.shape:
-        raise ValueError(
-            "behavior_logits and target_logits_t must have the same shape, got "
-            f"{tuple(behavior_logits.shape)} and {tuple(target_logits_t.shape)}"
-        )
-    if valid.shape != values_t.shape:
-        raise ValueError(
-            f"valid.shape {tuple(valid.shape)} must equal values_t.shape {tuple(values_t.shape)}"
-        )
-    if valid.is_floating_point():
-        raise TypeError(f"valid must be a bool (or integer) mask, got dtype {valid.dtype}")
-    return valid.bool()
-
-
-def policy_entropy(logits_t: torch.Tensor) -> torch.Tensor:
-    """Entropy of the softmax policy ``[T, B, A] -> [T, B]``, in fp32."""
-    log_policy = F.log_softmax(logits_t.float(), dim=-1)
-    # Clamping keeps p * log p finite (0, not NaN) for actions masked with -inf logits.
-    log_policy_finite = log_policy.clamp(min=torch.finfo(log_policy.dtype).min)
-    return -(log_policy.exp() * log_policy_finite).sum(dim=-1)
-
-
-def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """``KL(softmax(p) || softmax(q))`` ``[T, B, A] -> [T, B]``, in fp32."""
-    log_p = F.log_softmax(p_logits.float(), dim=-1)
-    log_q = F.log_softmax(q_logits.float(), dim=-1)
-    # 0 * log 0 is 0: clamp so masked (-inf) actions give 0, not NaN.
-    low = torch.finfo(log_p.dtype).min
-    return (log_p.exp() * (log_p.clamp(min=low) - log_q.clamp(min=low))).sum(dim=-1)
-
-
 PPO_REFERENCES = ("behavior", "first_visit")  # algo.ppo_reference
 
 
@@ -190,142 +155,143 @@ def impala_loss(
     rewards: torch.Tensor,
     discounts: torch.Tensor,
     valid: torch.Tensor,
+    options: LossOptions,
     *,
-    baseline_cost: float = 0.5,
-    entropy_cost: float = 0.01,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    lambda_: float = 1.0,
-    reduction: str = "sum",
-    correction: str | bool = "vtrace",
-    normalize_advantages: bool = False,
-    ppo_clip: float = 0.0,
     reference_logits: torch.Tensor | None = None,
     advantage_moments: MomentsReduce | None = None,
 ) -> LossOutput:
-    """IMPALA loss with V-trace targets.
+    """IMPALA's loss: policy gradient, baseline and entropy bonus on V-trace targets; the
+    correction's advantages (``PG_ADVANTAGES``), then PPO's surrogate or the plain gradient.
 
     Args:
         target_logits_t: Learner policy logits ``[T, B, A]`` (with gradient).
         values_t: Learner values ``V(x_t)`` ``[T, B]`` (with gradient).
         bootstrap_value: ``V(x_T)`` ``[B]``; used as a constant (no gradient).
         behavior_logits: Actor policy logits ``[T, B, A]``.
-        actions: Actions taken ``[T, B]`` int.
-        rewards: ``[T, B]``.
-        discounts: ``gamma * (1 - terminated_t)`` ``[T, B]``.
+        actions, rewards: ``[T, B]``; discounts: ``gamma * (1 - terminated_t)`` ``[T, B]``.
         valid: ``[T, B]`` bool (or 0/1 integer); False = pseudo-transition to ignore.
-        baseline_cost: Weight of ``0.5 * (vs - V)^2``.
-        entropy_cost: Weight of the entropy bonus.
-        clip_rho_threshold, clip_pg_rho_threshold, lambda_: V-trace parameters.
-        reduction: ``"sum"`` over time and batch (paper / TorchBeast default) or
-            ``"mean"`` (each sum divided by the number of valid steps, at least 1).
-        correction: ``"vtrace"``; ``"none"`` ablates importance weighting (``rho = 1`` at
-            every valid step: plain n-step / lambda-returns on possibly stale data);
-            ``"is1"`` keeps those uncorrected value targets and weights each step's
-            policy-gradient advantage by ``min(clip_pg_rho_threshold, rho_t)``. A bool means
-            vtrace (True) or none (False).
-        normalize_advantages: Scale the policy-gradient advantages to mean 0 and standard
-            deviation 1 over the batch's valid steps (PPO, Sample Factory), so the policy's
-            signal keeps its size when rewards are rare; the value targets are unchanged.
-        ppo_clip: 0 keeps V-trace's policy gradient. ``epsilon > 0`` replaces it with PPO's
-            clipped surrogate ``min(r_t A_t, clip(r_t, 1 - epsilon, 1 + epsilon) A_t)`` on the
-            ratio ``r_t = pi(a_t|x_t) / mu(a_t|x_t)`` to the behaviour policy and the
-            advantage ``A_t = r_t + gamma_t vs_{t+1} - V(x_t)`` (APPO): the trust region
-            that lets one batch serve several SGD steps (``algo.epochs``).
-        reference_logits: With ``ppo_clip``, clip the ratio to these logits ``[T, B, A]``
-            instead of the behaviour's, and weight each step by the truncated importance
-            weight ``min(clip_pg_rho_threshold, pi_ref / mu)`` (IMPACT's target network). An
-            actor's policy is already several SGD steps behind when its data arrives, so a
-            ratio to it starts outside the trust region and clipping silences those steps.
+        options: :class:`LossOptions`.
+        reference_logits: With ``ppo_clip``, the clip's anchor ``[T, B, A]`` in place of the
+            behaviour's (IMPACT's target network; see :func:`ppo_objective`).
         advantage_moments: With ``normalize_advantages``, when this batch is one share of a
             minibatch split over threads or processes: sums the shares' advantage moments,
             so the normalisation is the whole minibatch's (see ``MomentsReduce``).
-
-    Returns:
-        :class:`LossOutput`.
     """
-    valid = _checked_mask(target_logits_t, behavior_logits, values_t, valid, reduction)
-    correction = correction_name(correction)
-
-    target_action_log_probs = vtrace.action_log_probs(target_logits_t, actions)
+    steps = Steps(rewards, discounts, values_t, bootstrap_value, valid)
+    steps = _checked(steps, target_logits_t, behavior_logits, reference_logits, actions)
+    valid = steps.valid
+    pi_log_probs = vtrace.action_log_probs(target_logits_t, actions)  # with gradient
     with torch.no_grad():
-        behavior_action_log_probs = vtrace.action_log_probs(behavior_logits.detach(), actions)
-        true_log_rhos = target_action_log_probs.detach() - behavior_action_log_probs
-        vtraced = correction == "vtrace"
-        log_rhos = true_log_rhos if vtraced else torch.zeros_like(true_log_rhos)
+        mu_log_probs = vtrace.action_log_probs(behavior_logits.detach(), actions)
+        log_rhos = pi_log_probs.detach() - mu_log_probs
+        reference = None  # IMPACT's anchor
+        if reference_logits is not None:
+            reference = vtrace.action_log_probs(reference_logits.detach(), actions)
+    vs, advantages = PG_ADVANTAGES[options.correction](log_rhos, steps, options)
+    if options.ppo_clip > 0:  # the surrogate applies its own ratio
+        advantages = vtrace.td_errors(vs, rewards, discounts, values_t, bootstrap_value)
+    if options.normalize_advantages:
+        advantages = normalized(advantages, valid, reduce=advantage_moments)
+    if options.ppo_clip > 0:
+        objective = ppo_objective(pi_log_probs, mu_log_probs, advantages, valid, options, reference)
+    else:
+        objective = pi_log_probs * advantages
+    sums = (
+        -masked_sum(objective, valid),
+        value_term(vs, values_t, valid),
+        entropy_term(target_logits_t, valid),
+    )
+    logits = (behavior_logits, target_logits_t)
+    return _loss_output(sums, options, valid, logits, log_rhos, vs, advantages)
+
+
+class Steps(NamedTuple):
+    """A batch's time-major step inputs to the loss's targets."""
+
+    rewards: torch.Tensor  # r_t [T, B]
+    discounts: torch.Tensor  # gamma_t [T, B]: 0 where x_{t+1} is terminal
+    values: torch.Tensor  # V(x_t) [T, B]
+    bootstrap_value: torch.Tensor  # V(x_T) [B], a constant
+    valid: torch.Tensor  # [T, B] bool: False at pseudo-transitions
+
+
+def vtrace_advantages(
+    log_rhos_t: torch.Tensor, steps: Steps, options: LossOptions
+) -> VTraceReturns:
+    """``correction=vtrace`` (the paper's method): V-trace's targets ``vs [T, B]`` and its
+    policy-gradient advantages ``min(pg rho-bar, rho_t) (r_t + gamma_t vs_{t+1} - V(x_t))``,
+    both from the true ratios ``log_rhos_t [T, B]``."""
+    return _vtrace(log_rhos_t, steps, options, options.clip_pg_rho_threshold)
+
+
+def nstep_advantages(log_rhos_t: torch.Tensor, steps: Steps, options: LossOptions) -> VTraceReturns:
+    """``correction=none``: the ratios dropped (rho = 1 at every valid step), so ``vs`` are
+    n-step (lambda-) returns on possibly stale data, and the advantages V-trace's with rho 1."""
+    return _vtrace(torch.zeros_like(log_rhos_t), steps, options, options.clip_pg_rho_threshold)
+
+
+def is1_advantages(log_rhos_t: torch.Tensor, steps: Steps, options: LossOptions) -> VTraceReturns:
+    """``correction=is1``, 1-step importance sampling (the paper's section 5.2.2): the targets
+    of ``none``, and each step's advantage weighted once by its ``min(pg rho-bar, rho_t)``."""
+    vs, advantages = _vtrace(torch.zeros_like(log_rhos_t), steps, options, None)
+    weights = _clipped_rhos(log_rhos_t, steps.valid, options.clip_pg_rho_threshold)
+    return VTraceReturns(vs, weights * advantages)
+
+
+# algo.correction -> its (vs, pg advantages) [T, B] from the true log ratios.
+PG_ADVANTAGES = {"vtrace": vtrace_advantages, "none": nstep_advantages, "is1": is1_advantages}
+assert tuple(PG_ADVANTAGES) == CORRECTIONS
+
+
+def _vtrace(
+    log_rhos_t: torch.Tensor, steps: Steps, options: LossOptions, pg_rho_bar: float | None
+) -> VTraceReturns:
+    with torch.no_grad():
         # rho = c = 0 at invalid steps zeroes their delta and cuts the trace there; where()
         # keeps NaN from garbage logits at those steps out of exp().
-        log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
+        masked = torch.where(steps.valid, log_rhos_t, torch.full_like(log_rhos_t, float("-inf")))
+    return vtrace.from_importance_weights(
+        masked, steps.discounts, steps.rewards, steps.values, steps.bootstrap_value,
+        options.clip_rho_threshold, pg_rho_bar, options.vtrace_lambda,
+    )  # fmt: skip
 
-    vs, pg_advantages = vtrace.from_importance_weights(
-        log_rhos=log_rhos,
-        discounts=discounts,
-        rewards=rewards,
-        values=values_t,
-        bootstrap_value=bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold,
-        # is1 applies its own clipped ratio below, once.
-        clip_pg_rho_threshold=None if correction == "is1" else clip_pg_rho_threshold,
-        lambda_=lambda_,
-    )
 
-    if correction == "is1":
-        pg_advantages = _clipped_rhos(true_log_rhos, valid, clip_pg_rho_threshold) * pg_advantages
-    if ppo_clip > 0:
-        pg_advantages = _one_step_advantages(vs, rewards, discounts, values_t, bootstrap_value)
-    if normalize_advantages:
-        pg_advantages = normalized(pg_advantages, valid, reduce=advantage_moments)
-    values_f = values_t.float()
-    if ppo_clip > 0:
-        if reference_logits is None:
-            anchor_log_probs, weights = behavior_action_log_probs, None
-        else:
-            with torch.no_grad():
-                anchor_log_probs = vtrace.action_log_probs(reference_logits.detach(), actions)
-                weights = _clipped_rhos(
-                    anchor_log_probs - behavior_action_log_probs, valid, clip_pg_rho_threshold
-                )
-        surrogate = clipped_surrogate(
-            # 0 at invalid steps: their behaviour logits may be garbage, and a NaN there
-            # would reach the gradient through exp() even where the sum masks it out.
-            torch.where(
-                valid,
-                target_action_log_probs - anchor_log_probs,
-                torch.zeros_like(anchor_log_probs),
-            ),
-            pg_advantages,
-            ppo_clip,
-        )
-        pg_sum = -_masked_sum(surrogate if weights is None else weights * surrogate, valid)
+def ppo_objective(
+    pi_log_probs_t: torch.Tensor,
+    mu_log_probs_t: torch.Tensor,
+    advantages_t: torch.Tensor,
+    valid: torch.Tensor,
+    options: LossOptions,
+    reference_log_probs_t: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PPO's clipped surrogate per step ``[T, B]``, to be maximised (:func:`clipped_surrogate`
+    with ``options.ppo_clip``), on the ratio of pi to an anchor: the behaviour policy mu
+    (APPO), or ``reference_log_probs_t`` (IMPACT's target network) with each step weighted by
+    the truncated ratio ``min(pg rho-bar, pi_ref / mu)``. An actor's policy is already several
+    SGD steps behind when its data arrives, so a ratio to it starts outside the trust region
+    and clipping silences those steps; the reference starts inside it."""
+    if reference_log_probs_t is None:
+        anchor, weights = mu_log_probs_t, None
     else:
-        pg_sum = -_masked_sum(target_action_log_probs * pg_advantages, valid)
-    baseline_sum = 0.5 * _masked_sum((vs - values_f) ** 2, valid)
+        anchor = reference_log_probs_t
+        weights = _clipped_rhos(anchor - mu_log_probs_t, valid, options.clip_pg_rho_threshold)
+    # 0 at invalid steps: their behaviour logits may be garbage, and a NaN there would reach
+    # the gradient through exp() even where the sum masks it out.
+    log_ratio = torch.where(valid, pi_log_probs_t - anchor, torch.zeros_like(anchor))
+    surrogate = clipped_surrogate(log_ratio, advantages_t, options.ppo_clip)
+    return surrogate if weights is None else weights * surrogate
 
-    entropy_sum = _masked_sum(policy_entropy(target_logits_t), valid)
-    with torch.no_grad():
-        kl_t = kl_divergence(behavior_logits, target_logits_t.detach())
 
-    num_valid = valid.sum().float()
-    denom = num_valid.clamp(min=1.0)
-    scale = denom if reduction == "mean" else torch.ones_like(denom)
+def value_term(vs_t: torch.Tensor, values_t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The baseline's loss ``0.5 * sum (vs_t - V(x_t))^2`` over the valid steps of ``[T, B]``
+    (gradient into the values only: the targets ``vs_t`` are constants)."""
+    return 0.5 * masked_sum((vs_t - values_t.float()) ** 2, valid)
 
-    pg_loss = pg_sum / scale
-    baseline_loss = baseline_cost * baseline_sum / scale
-    entropy_loss = -entropy_cost * entropy_sum / scale
-    total = pg_loss + baseline_loss + entropy_loss
 
-    return _loss_output(
-        total,
-        (pg_loss, baseline_loss, entropy_loss),
-        num_valid,
-        entropy_sum,
-        true_log_rhos,
-        kl_t,
-        vs,
-        pg_advantages,
-        valid,
-        (clip_rho_threshold, clip_pg_rho_threshold),
-    )
+def entropy_term(logits_t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The policy's entropy ``[T, B, A] -> []`` summed over the valid steps (nats), in fp32:
+    the bonus, which the loss subtracts."""
+    return masked_sum(policy_entropy(logits_t), valid)
 
 
 def clipped_surrogate(
@@ -345,70 +311,109 @@ def clipped_surrogate(
 
 
 @torch.no_grad()
-def _one_step_advantages(
-    vs: torch.Tensor,
-    rewards: torch.Tensor,
-    discounts: torch.Tensor,
-    values_t: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-) -> torch.Tensor:
-    """``r_t + gamma_t vs_{t+1} - V(x_t)`` ``[T, B]``: V-trace's pg advantage without its
-    ratio factor, which PPO's surrogate applies itself."""
-    vs_tp1 = torch.cat([vs[1:], bootstrap_value.detach().float().unsqueeze(0)], dim=0)
-    return rewards.float() + discounts.float() * vs_tp1 - values_t.detach().float()
-
-
-@torch.no_grad()
 def _clipped_rhos(
     log_rhos: torch.Tensor, valid: torch.Tensor, threshold: float | None
 ) -> torch.Tensor:
     """``min(threshold, exp(log_rhos))`` ``[T, B]``; 0 at invalid steps (their logits may be
     garbage)."""
     rhos = torch.exp(torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf"))))
-    return rhos if threshold is None else rhos.clamp(max=threshold)
+    return vtrace.clipped(rhos, threshold)
+
+
+def _checked(
+    steps: Steps,
+    target_logits_t: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    reference_logits: torch.Tensor | None,
+    actions: torch.Tensor,
+) -> Steps:
+    """``steps`` with ``valid`` as a bool mask, after checking that the loss's inputs are
+    time-major and fit together: logits ``[T, B, A]``, per-step inputs ``[T, B]``, and the
+    bootstrap value ``[B]``."""
+    logits = {"target_logits_t": target_logits_t, "behavior_logits": behavior_logits}
+    if reference_logits is not None:
+        logits["reference_logits"] = reference_logits
+    per_step = {"actions": actions, **steps._asdict()}
+    bootstrap_value = per_step.pop("bootstrap_value")
+    assert_time_major("[T, B, A]", **logits)
+    assert_time_major("[T, B]", **per_step)
+    assert_time_major("[B]", bootstrap_value=bootstrap_value)
+    shape = target_logits_t.shape  # [T, B, A]
+    for name, x in {**logits, **per_step, "bootstrap_value": bootstrap_value}.items():
+        expected = {3: shape, 2: shape[:2], 1: shape[1:2]}[x.dim()]
+        if x.shape != expected:
+            raise ValueError(
+                f"{name}.shape {tuple(x.shape)} must be {tuple(expected)}, as target_logits_t's "
+                f"[T, B, A] = {tuple(shape)} says. Fix: pass the same T steps of B trajectories."
+            )
+    if steps.valid.is_floating_point():
+        raise TypeError(
+            f"valid must be a bool (or integer) mask, got dtype {steps.valid.dtype}. Fix: "
+            "pass valid.bool()."
+        )
+    return steps._replace(valid=steps.valid.bool())
+
+
+def _loss_output(
+    sums: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    options: LossOptions,
+    valid: torch.Tensor,
+    logits: tuple[torch.Tensor, torch.Tensor],
+    *diagnosed: torch.Tensor,
+) -> LossOutput:
+    """The terms' ``sums`` (policy gradient, baseline, entropy) weighted by their costs and
+    reduced (``total`` keeps its graph), and the diagnostics (``_diagnostics``) of the
+    behaviour and target ``logits`` and of ``diagnosed``."""
+    pg_sum, baseline_sum, entropy_sum = sums
+    num_valid = valid.sum().float()
+    denom = num_valid.clamp(min=1.0)
+    scale = denom if options.reduction == "mean" else torch.ones_like(denom)
+    pg_loss = pg_sum / scale
+    baseline_loss = options.baseline_cost * baseline_sum / scale
+    entropy_loss = -options.entropy_cost * entropy_sum / scale
+    return LossOutput(
+        total=pg_loss + baseline_loss + entropy_loss,
+        pg_loss=pg_loss.detach(),
+        baseline_loss=baseline_loss.detach(),
+        entropy_loss=entropy_loss.detach(),
+        entropy=entropy_sum.detach() / denom,
+        num_valid=num_valid,
+        **_diagnostics(options, valid, denom, logits, *diagnosed),
+    )
 
 
 @torch.no_grad()
-def _loss_output(
-    total: torch.Tensor,
-    terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    num_valid: torch.Tensor,
-    entropy_sum: torch.Tensor,
+def _diagnostics(
+    options: LossOptions,
+    valid: torch.Tensor,
+    denom: torch.Tensor,
+    logits: tuple[torch.Tensor, torch.Tensor],
     true_log_rhos: torch.Tensor,
-    kl_t: torch.Tensor,
     vs: torch.Tensor,
     pg_advantages: torch.Tensor,
-    valid: torch.Tensor,
-    thresholds: tuple[float | None, float | None],
-) -> LossOutput:
-    """The loss (``total`` keeps its graph), its terms and their diagnostics. The ratio
-    diagnostics use the true ratios whatever the correction, to show staleness."""
-    pg_loss, baseline_loss, entropy_loss = terms
-    denom = num_valid.clamp(min=1.0)
+) -> dict[str, torch.Tensor]:
+    """``LossOutput``'s means over the ``denom`` valid steps of the behaviour and target
+    ``logits [T, B, A]`` and the ``[T, B]`` others. The ratio diagnostics use the true ratios
+    whatever the correction, to show staleness."""
     rhos = torch.exp(true_log_rhos)
+    kl_t = kl_divergence(logits[0], logits[1].detach())  # KL(mu || pi)
 
     def valid_mean(x: torch.Tensor) -> torch.Tensor:
-        return _masked_sum(x, valid) / denom
+        return masked_sum(x, valid) / denom
 
     def clipped_fraction(threshold: float | None) -> torch.Tensor:
         if threshold is None:
             return torch.zeros((), device=rhos.device)
         return valid_mean((rhos > threshold).float())
 
-    return LossOutput(
-        total=total,
-        pg_loss=pg_loss.detach(),
-        baseline_loss=baseline_loss.detach(),
-        entropy_loss=entropy_loss.detach(),
-        entropy=entropy_sum.detach() / denom,
-        clipped_rho_fraction=clipped_fraction(thresholds[0]),
-        clipped_pg_rho_fraction=clipped_fraction(thresholds[1]),
-        mean_rho=valid_mean(rhos),
-        mean_abs_log_rho=valid_mean(true_log_rhos.abs()),
-        kl_behavior_target=valid_mean(kl_t),
-        advantage_mean=valid_mean(pg_advantages),
-        vs_mean=valid_mean(vs),
-        num_valid=num_valid,
-        vs=vs,
-        pg_advantages=pg_advantages,
-    )
+    return {
+        "clipped_rho_fraction": clipped_fraction(options.clip_rho_threshold),
+        "clipped_pg_rho_fraction": clipped_fraction(options.clip_pg_rho_threshold),
+        "mean_rho": valid_mean(rhos),
+        "mean_abs_log_rho": valid_mean(true_log_rhos.abs()),
+        "kl_behavior_target": valid_mean(kl_t),
+        "advantage_mean": valid_mean(pg_advantages),
+        "vs_mean": valid_mean(vs),
+        "vs": vs,
+        "pg_advantages": pg_advantages,
+    }

@@ -13,7 +13,7 @@ produce is detached. The only exception is ``target_action_log_probs`` returned 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,13 @@ __all__ = [
     "VTraceFromLogitsReturns",
     "VTraceReturns",
     "action_log_probs",
+    "assert_time_major",
     "backward_recursion",
+    "clipped",
     "from_importance_weights",
     "from_logits",
     "recursion_for",
+    "td_errors",
 ]
 
 # How the backward recursion runs: "auto" picks by device (``recursion_for``); "loop" and
@@ -115,31 +118,63 @@ def from_importance_weights(
 
     with torch.no_grad():
         # Low-precision accumulation over T steps loses too much accuracy; always use fp32.
-        log_rhos = log_rhos.detach().float()
-        discounts_t = discounts.detach().float()
-        rewards_t = rewards.detach().float()
-        values_t = values.detach().float()
-        bootstrap_value = bootstrap_value.detach().float()
-
-        rhos = torch.exp(log_rhos)
-        clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
-        cs = lambda_ * rhos.clamp(max=1.0)
-
-        values_tp1 = torch.cat([values_t[1:], bootstrap_value.unsqueeze(0)], dim=0)
-        deltas = clipped_rhos * (rewards_t + discounts_t * values_tp1 - values_t)
-
-        # vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})), backwards from T: a
-        # Python loop on the CPU, blocked matmuls on a GPU (recursion_for says why).
-        vs_minus_v = backward_recursion(deltas, discounts_t * cs, recursion)
-        vs = vs_minus_v + values_t
-
-        vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-        clipped_pg_rhos = (
-            rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
+        rhos = torch.exp(log_rhos.detach().float())
+        discounts, rewards = discounts.detach().float(), rewards.detach().float()
+        values, bootstrap_value = values.detach().float(), bootstrap_value.detach().float()
+        vs = _targets(
+            rhos,
+            discounts,
+            rewards,
+            values,
+            bootstrap_value,
+            clip_rho_threshold,
+            lambda_,
+            recursion,
         )
-        pg_advantages = clipped_pg_rhos * (rewards_t + discounts_t * vs_tp1 - values_t)
-
+        # The advantages on the targets, as rlax's vtrace_td_error_and_advantage on its vtrace.
+        pg_advantages = clipped(rhos, clip_pg_rho_threshold) * td_errors(
+            vs, rewards, discounts, values, bootstrap_value
+        )
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def _targets(
+    rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    rho_bar: float | None,
+    lambda_: float,
+    recursion: str,
+) -> torch.Tensor:
+    """V-trace's value targets ``vs [T, B, ...]`` from fp32 ratios ``rhos`` and step inputs."""
+    deltas = clipped(rhos, rho_bar) * td_errors(values, rewards, discounts, values, bootstrap_value)
+    cs = lambda_ * rhos.clamp(max=1.0)
+    # vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})), backwards from T: a
+    # Python loop on the CPU, blocked matmuls on a GPU (recursion_for says why).
+    return backward_recursion(deltas, discounts * cs, recursion) + values
+
+
+def clipped(rhos: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """``min(threshold, rhos)``; ``rhos`` itself where ``threshold`` is None."""
+    return rhos if threshold is None else rhos.clamp(max=threshold)
+
+
+@torch.no_grad()
+def td_errors(
+    estimates: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+) -> torch.Tensor:
+    """``r_t + gamma_t * estimates_{t+1} - V(x_t)`` ``[T, B, ...]`` in fp32, without gradient,
+    with ``estimates_T = bootstrap_value [B, ...]``. With ``estimates = values`` these are the
+    TD errors; with V-trace's targets ``vs``, its policy-gradient advantages before the ratio.
+    """
+    estimates_tp1 = torch.cat([estimates[1:], bootstrap_value.float().unsqueeze(0)], dim=0)
+    return rewards.float() + discounts.float() * estimates_tp1 - values.float()
 
 
 def _check_recursion(recursion: str) -> None:
@@ -257,13 +292,21 @@ def _check_shapes(
         )
 
 
+def assert_time_major(layout: str, **tensors: torch.Tensor) -> None:
+    """Raise a ValueError naming the first of ``tensors`` whose rank is not ``layout``'s:
+    ``"[T, B]"``, ``"[T, B, A]"`` (time-major: T steps of B trajectories) or ``"[B]"``."""
+    rank = layout.count(",") + 1
+    for name, tensor in tensors.items():
+        if tensor.dim() != rank:
+            raise ValueError(
+                f"{name} must be {layout} (time-major: T steps of B trajectories), got shape "
+                f"{tuple(tensor.shape)}. Fix: pass it time-major, with no extra or missing dims."
+            )
+
+
 def _check_logits_and_actions(policy_logits: torch.Tensor, actions: torch.Tensor) -> None:
-    if policy_logits.dim() != 3:
-        raise ValueError(
-            f"policy logits must have rank 3 ([T, B, A]), got shape {tuple(policy_logits.shape)}"
-        )
-    if actions.dim() != 2:
-        raise ValueError(f"actions must have rank 2 ([T, B]), got shape {tuple(actions.shape)}")
+    assert_time_major("[T, B, A]", policy_logits=policy_logits)
+    assert_time_major("[T, B]", actions=actions)
     if policy_logits.shape[:2] != actions.shape:
         raise ValueError(
             f"policy logits [T, B] dims {tuple(policy_logits.shape[:2])} do not match "
@@ -294,12 +337,10 @@ def from_logits(
     rewards: torch.Tensor,
     values: torch.Tensor,
     bootstrap_value: torch.Tensor,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    lambda_: float = 1.0,
-    recursion: str = "auto",
+    **params: Any,
 ) -> VTraceFromLogitsReturns:
-    """V-trace for softmax policies given behaviour (mu) and target (pi) logits.
+    """V-trace for softmax policies given behaviour (mu) and target (pi) logits: the log
+    importance weights of the taken actions, then :func:`from_importance_weights` on them.
 
     Args:
         behavior_policy_logits: Actor logits, ``[T, B, A]``.
@@ -307,45 +348,31 @@ def from_logits(
         actions: Actions sampled from the behaviour policy, ``[T, B]`` int.
         discounts, rewards, values: ``[T, B]``.
         bootstrap_value: ``[B]``.
-        clip_rho_threshold, clip_pg_rho_threshold, lambda_, recursion: see
-            :func:`from_importance_weights`.
+        **params: ``clip_rho_threshold``, ``clip_pg_rho_threshold``, ``lambda_`` and
+            ``recursion``, as :func:`from_importance_weights` takes them (its defaults).
 
     Returns:
         :class:`VTraceFromLogitsReturns`; only ``target_action_log_probs`` has gradient.
     """
-    for name, logits in (
-        ("behavior_policy_logits", behavior_policy_logits),
-        ("target_policy_logits", target_policy_logits),
-    ):
-        if logits.dim() != 3:
-            raise ValueError(
-                f"{name} must have rank 3 ([T, B, A]), got shape {tuple(logits.shape)}"
-            )
-    if actions.dim() != 2:
-        raise ValueError(f"actions must have rank 2 ([T, B]), got shape {tuple(actions.shape)}")
+    assert_time_major(
+        "[T, B, A]",
+        behavior_policy_logits=behavior_policy_logits,
+        target_policy_logits=target_policy_logits,
+    )
     if behavior_policy_logits.shape != target_policy_logits.shape:
         raise ValueError(
             "behavior_policy_logits and target_policy_logits must have the same shape, got "
             f"{tuple(behavior_policy_logits.shape)} and {tuple(target_policy_logits.shape)}"
         )
-
     target_action_log_probs = action_log_probs(target_policy_logits, actions)
     behavior_action_log_probs = action_log_probs(behavior_policy_logits.detach(), actions)
     log_rhos = target_action_log_probs.detach() - behavior_action_log_probs
-    vtrace_returns = from_importance_weights(
-        log_rhos=log_rhos,
-        discounts=discounts,
-        rewards=rewards,
-        values=values,
-        bootstrap_value=bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
-        lambda_=lambda_,
-        recursion=recursion,
+    returns = from_importance_weights(
+        log_rhos, discounts, rewards, values, bootstrap_value, **params
     )
     return VTraceFromLogitsReturns(
-        vs=vtrace_returns.vs,
-        pg_advantages=vtrace_returns.pg_advantages,
+        vs=returns.vs,
+        pg_advantages=returns.pg_advantages,
         log_rhos=log_rhos,
         behavior_action_log_probs=behavior_action_log_probs,
         target_action_log_probs=target_action_log_probs,

@@ -166,7 +166,10 @@ def _full_forward_gradients(model, batch: Batch, algo: AlgoCfg) -> list[torch.Te
     out = model(batch.obs, batch.first, batch.core_state)
     logits, values = out.logits, out.value
     reference = logits.detach()[:-1] if algo.ppo_clip > 0 else None
-    loss = learner.batch_loss(batch, algo, logits[:-1], values[:-1], values[-1], reference)
+    loss = learner.batch_loss(
+        batch, learner.loss_options(algo), algo.discount, logits[:-1], values[:-1], values[-1],
+        reference,
+    )  # fmt: skip
     model.zero_grad()
     loss.total.backward()
     return [p.grad.clone() for p in model.parameters()]
@@ -214,3 +217,27 @@ def test_every_pass_takes_minibatches_steps_when_they_do_not_divide_the_batch(mo
     for epoch in (seen[:4], seen[4:]):  # each pass visits every trajectory once
         assert sorted(x for s in epoch for x in s) == sorted(batch.obs[0, :, 0].tolist())
     torch.testing.assert_close(stats, torch.stack([c[3] for c in calls]).mean(0))
+
+
+def test_loss_options_are_algos_keys_of_the_same_names() -> None:
+    from impala_gpu.rl.losses import LossOptions
+
+    assert learner.loss_options(AlgoCfg()) == LossOptions()  # the same defaults
+    algo = AlgoCfg(
+        baseline_cost=0.25,
+        entropy_cost=0.02,
+        clip_rho_threshold=None,
+        clip_pg_rho_threshold=2.0,
+        vtrace_lambda=0.9,
+        reduction="mean",
+        correction=False,
+        normalize_advantages=True,
+        ppo_clip=0.1,
+    )
+    options = learner.loss_options(algo)
+    for name in LossOptions.__dataclass_fields__:
+        expected = "none" if name == "correction" else getattr(algo, name)
+        assert getattr(options, name) == expected, name
+    model = build_model((4,), 2, ModelCfg(name="mlp", hidden_size=8))
+    lrn = learner.Learner(model, learner.make_optimizer(model, algo), algo)
+    assert lrn.loss_options == options  # built once, with the learner

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from impala_gpu.rl import vtrace
-from impala_gpu.rl.losses import LossOutput, discounts_from_terminated, impala_loss
+from impala_gpu.rl.losses import (
+    LossOptions,
+    LossOutput,
+    discounts_from_terminated,
+    impala_loss,
+    ppo_objective,
+)
 
 GAMMA = 0.9
 LOSS_FIELDS = ("total", "pg_loss", "baseline_loss", "entropy_loss")
@@ -33,7 +41,9 @@ def make_batch(
     }
 
 
-def run_loss(batch: dict[str, torch.Tensor], **kwargs: object) -> LossOutput:
+def run_loss(
+    batch: dict[str, torch.Tensor], reference_logits: torch.Tensor | None = None, **kwargs: object
+) -> LossOutput:
     return impala_loss(
         batch["target_logits_t"],
         batch["values_t"],
@@ -43,7 +53,8 @@ def run_loss(batch: dict[str, torch.Tensor], **kwargs: object) -> LossOutput:
         batch["rewards"],
         batch["discounts"],
         batch["valid"],
-        **kwargs,  # type: ignore[arg-type]
+        LossOptions(**kwargs),  # type: ignore[arg-type]
+        reference_logits=reference_logits,
     )
 
 
@@ -572,3 +583,51 @@ def test_ppo_surrogate_on_policy_has_the_plain_gradient() -> None:
         run_loss(b, ppo_clip=clip, reduction="mean").total.backward()
         grads.append(b["target_logits_t"].grad)
     torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize(
+    "name, bad, message",
+    [
+        ("rewards", lambda b: b["rewards"][:, 0], r"rewards must be \[T, B\].*got shape \(8,\)"),
+        ("bootstrap_value", lambda b: b["values_t"], r"bootstrap_value must be \[B\]"),
+        ("behavior_logits", lambda b: b["actions"], r"behavior_logits must be \[T, B, A\]"),
+        ("actions", lambda b: b["actions"][1:], r"actions.shape \(7, 3\) must be \(8, 3\)"),
+        ("discounts", lambda b: b["discounts"][:, :2], r"discounts.shape \(8, 2\) must be"),
+    ],
+)
+def test_inputs_of_the_wrong_shape_are_named(name, bad, message) -> None:
+    batch = make_batch(15)
+    with pytest.raises(ValueError, match=message):
+        run_loss({**batch, name: bad(batch)})
+
+
+def test_reference_logits_of_the_wrong_shape_are_named() -> None:
+    batch = make_batch(16)
+    with pytest.raises(ValueError, match=r"reference_logits.shape \(8, 3, 5\) must be \(8, 3, 4\)"):
+        run_loss(batch, ppo_clip=0.2, reference_logits=torch.zeros(8, 3, 5))
+
+
+def test_loss_options_check_the_reduction_and_name_the_correction() -> None:
+    assert LossOptions(correction=False).correction == "none"
+    assert LossOptions(correction=True).correction == "vtrace"
+    with pytest.raises(ValueError, match="Fix: algo.reduction=sum"):
+        LossOptions(reduction="avg")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LossOptions().ppo_clip = 0.1  # type: ignore[misc]
+
+
+def test_ppo_objective_anchored_at_the_behaviour_as_a_reference_is_appos() -> None:
+    # pi_ref = mu: the ratio is APPO's, and IMPACT's weight min(rho-bar, pi_ref / mu) is
+    # min(rho-bar, 1) at valid steps, 0 at invalid ones.
+    batch = make_batch(17)
+    actions, valid = batch["actions"], batch["valid"]
+    valid[2, 1] = False
+    pi = vtrace.action_log_probs(batch["target_logits_t"], actions)
+    mu = vtrace.action_log_probs(batch["behavior_logits"], actions)
+    advantages = torch.randn(pi.shape, generator=torch.Generator().manual_seed(0))
+    appo = ppo_objective(pi, mu, advantages, valid, LossOptions(ppo_clip=0.2))
+    for rho_bar, weight in ((1.0, 1.0), (2.0, 1.0), (0.5, 0.5)):
+        options = LossOptions(ppo_clip=0.2, clip_pg_rho_threshold=rho_bar)
+        impact = ppo_objective(pi, mu, advantages, valid, options, mu)
+        torch.testing.assert_close(impact[valid], weight * appo[valid])
+        assert impact[2, 1] == 0

@@ -398,3 +398,43 @@ def test_invalid_hyperparameters_raise(kwargs: dict[str, float]) -> None:
             bootstrap_value=torch.zeros(3),
             **kwargs,
         )
+
+
+def test_td_errors_bootstrap_from_the_next_estimate() -> None:
+    rng = np.random.default_rng(8)
+    inputs = to_torch(random_inputs(rng, (6, 3)))
+    r, g, v, boot = (inputs[k] for k in ("rewards", "discounts", "values", "bootstrap_value"))
+    estimates = torch.tensor(rng.normal(size=(6, 3)).astype(np.float32))
+    out = vtrace.td_errors(estimates, r, g, v.requires_grad_(True), boot)
+    next_estimates = torch.cat([estimates[1:], boot[None]])
+    torch.testing.assert_close(out, r + g * next_estimates - v.detach())
+    assert not out.requires_grad
+    # V-trace's advantages are these on vs, times the clipped ratios.
+    vt = vtrace.from_importance_weights(**inputs, clip_pg_rho_threshold=1.3)
+    rhos = inputs["log_rhos"].exp().clamp(max=1.3)
+    torch.testing.assert_close(vt.pg_advantages, rhos * vtrace.td_errors(vt.vs, r, g, v, boot))
+
+
+def test_from_logits_passes_vtraces_parameters_on() -> None:
+    rng = np.random.default_rng(9)
+    T, B, A = 6, 3, 4
+    inputs = to_torch(random_inputs(rng, (T, B)))
+    del inputs["log_rhos"]
+    logits = [torch.tensor(rng.normal(size=(T, B, A)).astype(np.float32)) for _ in range(2)]
+    actions = torch.tensor(rng.integers(0, A, size=(T, B)))
+    params = {"clip_rho_threshold": None, "clip_pg_rho_threshold": 0.7, "lambda_": 0.8}
+    out = vtrace.from_logits(*logits, actions, **inputs, **params)
+    direct = vtrace.from_importance_weights(out.log_rhos, **inputs, **params)
+    torch.testing.assert_close(out.vs, direct.vs)
+    torch.testing.assert_close(out.pg_advantages, direct.pg_advantages)
+    assert not torch.allclose(out.vs, vtrace.from_logits(*logits, actions, **inputs).vs)
+    with pytest.raises(TypeError, match="clip_rho"):
+        vtrace.from_logits(*logits, actions, **inputs, clip_rho=1.0)
+
+
+def test_assert_time_major_names_the_tensor_and_its_layout() -> None:
+    vtrace.assert_time_major("[T, B]", rewards=torch.zeros(4, 3), values=torch.zeros(4, 3))
+    with pytest.raises(ValueError, match=r"values must be \[T, B\] .*got shape \(4, 3, 1\)"):
+        vtrace.assert_time_major("[T, B]", rewards=torch.zeros(4, 3), values=torch.zeros(4, 3, 1))
+    with pytest.raises(ValueError, match=r"bootstrap_value must be \[B\]"):
+        vtrace.assert_time_major("[B]", bootstrap_value=torch.zeros(()))
