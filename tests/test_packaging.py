@@ -25,8 +25,8 @@ CONF = REPO / "conf"
 # What `pip wheel .` reads: the metadata, the readme it embeds, the package and conf/.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "impala_gpu", "conf")
 # The checkout's folders that must stay out of the wheel, copied too so a build could pick
-# them up: the benchmarks (developer tools) and the shell scripts.
-LEFT_OUT = ("benchmarks", "scripts")
+# them up: the benchmarks (developer tools), the shell scripts and the archive of runs.
+LEFT_OUT = ("benchmarks", "scripts", "results")
 # The console scripts beside impala-gpu: the two reports run most often.
 REPORT_SCRIPTS = {"impala-gpu-plot": "--out", "impala-gpu-summary": "--thresholds"}
 GROUPS = ("algo", "compare_cell", "env", "experiment", "lag_cell", "model", "recipe")

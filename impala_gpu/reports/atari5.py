@@ -1,7 +1,7 @@
 """Atari-5 from archived runs: the per-game table, the Atari-5 estimate of the Atari-57 median,
 and one figure of the five learning curves (docs/results/atari5.md).
 
-    python -m impala_gpu.reports.atari5 benchmarks/results/atari5/* \\
+    python -m impala_gpu.reports.atari5 results/atari5/* \\
         --budget 10e6 --png docs/atari5.png --md /tmp/atari5.md
 
 Each argument is one run dir (``config.yaml`` plus ``metrics.jsonl`` or ``metrics.jsonl.gz``),

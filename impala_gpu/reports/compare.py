@@ -1,6 +1,6 @@
 """IMPALA vs A2C vs A3C from their runs: the table and figure of docs/results/compare.md.
 
-    python -m impala_gpu.reports.compare multirun/compare_pong benchmarks/results/pong \\
+    python -m impala_gpu.reports.compare multirun/compare_pong results/pong \\
         --thresholds 0,10,18 --png docs/compare_pong.png --md /tmp/compare_pong.md
 
 Each argument is a run dir or a tree of them (a sweep; archived runs with ``metrics.jsonl.gz``
