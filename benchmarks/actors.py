@@ -1,8 +1,8 @@
 """Actor efficiency: real actor processes (vector env + batched inference + ring writes) against
 the raw vector env stepping random actions, same process count, envs and threads.
 
-    python benchmarks/actors.py                          # Pong, 2 processes x 16 envs, shallow
-    python benchmarks/actors.py --precision bf16 --seconds 20
+    python -m benchmarks.actors                          # Pong, 2 processes x 16 envs, shallow
+    python -m benchmarks.actors --precision bf16 --seconds 20
 
 The actor side is the real ``actor_main`` writing into a real ring; a drain thread in this
 process hands every full slot straight back, so no learner competes for the cores and the
@@ -13,25 +13,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, write_result  # noqa: E402
-
-from impala_gpu.acting.actor import ACTOR_STEPS, ActorHandles, actor_main  # noqa: E402
-from impala_gpu.channels.params import ParamStore  # noqa: E402
-from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype  # noqa: E402
-from impala_gpu.config import Config, EnvCfg, ModelCfg, resolve_num_slots  # noqa: E402
-from impala_gpu.envs import env_spec, make_vector_env  # noqa: E402
-from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
+from benchmarks.common import median, write_result
+from impala_gpu.acting.actor import ACTOR_STEPS, ActorHandles, actor_main
+from impala_gpu.channels.params import ParamStore
+from impala_gpu.channels.ring import RingSpec, SlotManager, TrajectoryRing, numpy_to_torch_dtype
+from impala_gpu.config import Config, EnvCfg, ModelCfg, resolve_num_slots
+from impala_gpu.envs import env_spec, make_vector_env
+from impala_gpu.models import build_model
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc
 
 
 def raw_worker(env_cfg: EnvCfg, num_envs: int, seconds: float, seed: int, out) -> None:

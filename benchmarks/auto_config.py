@@ -1,7 +1,7 @@
 """Does ``auto`` pick what is fastest here? ``auto`` against a small grid of hand-set configs.
 
-    python benchmarks/auto_config.py                       # Pong defaults, 60 s a run, 3 rounds
-    python benchmarks/auto_config.py --seconds 90 --rounds 2 model=resnet   # any Hydra override
+    python -m benchmarks.auto_config                       # Pong defaults, 60 s a run, 3 rounds
+    python -m benchmarks.auto_config --seconds 90 --rounds 2 model=resnet   # any Hydra override
 
 Each round runs every config once, in an order that alternates between rounds (the box is
 shared and noisy): ``auto``, then fp32/bf16 x 1 actor x 32 envs and 2 x 16, plus whatever
@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cli_command, median, steady_windows, write_result  # noqa: E402
+from benchmarks.common import cli_command, median, steady_windows, write_result
 
 GRID = [("fp32", 1, 32), ("fp32", 2, 16), ("bf16", 1, 32), ("bf16", 2, 16)]
 

@@ -1,9 +1,9 @@
 """CartPole-v1: frames and wall-clock seconds until the mean return of the last 100 episodes
 reaches 475, per seed, on this machine.
 
-    python benchmarks/cartpole_solve.py                        # experiment=cartpole_impala, 3 seeds
-    python benchmarks/cartpole_solve.py --seeds 0 1 2 algo.learning_rate=1e-3
-    python benchmarks/cartpole_solve.py --name cartpole_solve_bf16 precision=bf16
+    python -m benchmarks.cartpole_solve                        # experiment=cartpole_impala, 3 seeds
+    python -m benchmarks.cartpole_solve --seeds 0 1 2 algo.learning_rate=1e-3
+    python -m benchmarks.cartpole_solve --name cartpole_solve_bf16 precision=bf16
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cli_command, median, write_result  # noqa: E402
+from benchmarks.common import cli_command, median, write_result
 
 
 def solve(seed: int, threshold: float, overrides: list[str]) -> dict:

@@ -11,7 +11,7 @@ for every variant, so differences come from the change alone. Minutes instead of
         --variant no_value:algo.baseline_cost=0 \
         --variant ortho_mean_adam:model.init=orthogonal,algo.reduction=mean,algo.optimizer=adam
 
-Writes ``benchmarks/results/dead_units.json`` (per variant: the health curve).
+Writes ``results/dead_units.json`` (per variant: the health curve).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base", default="batch_size=8", help="overrides common to every variant")
-    p.add_argument("--out", default="benchmarks/results/dead_units.json")
+    p.add_argument("--out", default="results/dead_units.json")
     args = p.parse_args()
     torch.set_num_threads(2)
     base = OmegaConf.merge(

@@ -2,7 +2,7 @@
 clean run of the same length, and the time from each kill until the replacement's first
 unroll is in the ring.
 
-    python benchmarks/faults.py --seconds 90 --kill-every 30
+    python -m benchmarks.faults --seconds 90 --kill-every 30
 """
 
 from __future__ import annotations
@@ -12,15 +12,28 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from common import cli_command, median, steady_windows, write_result  # noqa: E402
-from test_faults import actor_pids  # noqa: E402
+from benchmarks.common import cli_command, median, steady_windows, write_result
+
+
+def actor_pids(parent: int) -> list[int]:
+    """Live actor processes of the run ``parent`` (spawned children, not the resource
+    tracker), from Linux's ``/proc``."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"spawn_main" in cmd:
+            pids.append(int(pid))
+    return sorted(pids)
 
 
 def run(seconds: float, kill_every: float, overrides: list[str]) -> dict:

@@ -38,20 +38,18 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import actors as actors_bench  # noqa: E402
-from common import cli_command, gpu_util, median, steady_windows, write_result  # noqa: E402
-from learner_overhead import feed, stop_processes, synthetic_batch  # noqa: E402
-from learner_step import compose_config  # noqa: E402
-from throughput import KEYS  # noqa: E402
-
-from impala_gpu.channels.params import ParamStore  # noqa: E402
-from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec  # noqa: E402
-from impala_gpu.config import Config, EnvCfg  # noqa: E402
-from impala_gpu.envs import env_spec  # noqa: E402
-from impala_gpu.learning.batcher import Batcher  # noqa: E402
-from impala_gpu.learning.learner import build_learner  # noqa: E402
-from impala_gpu.speed.threads import learner_threads  # noqa: E402
+from benchmarks import actors as actors_bench
+from benchmarks.common import cli_command, gpu_util, median, steady_windows, write_result
+from benchmarks.learner_overhead import feed, stop_processes, synthetic_batch
+from benchmarks.learner_step import compose_config
+from benchmarks.throughput import KEYS
+from impala_gpu.channels.params import ParamStore
+from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
+from impala_gpu.config import Config, EnvCfg
+from impala_gpu.envs import env_spec
+from impala_gpu.learning.batcher import Batcher
+from impala_gpu.learning.learner import build_learner
+from impala_gpu.speed.threads import learner_threads
 
 STAGES = ("preflight", "cartpole", "learner", "ring", "e2e")
 LEARNER_CORES = 2  # the learner process: its train thread and the Batcher's gather thread

@@ -7,37 +7,33 @@ Runs the same learner (model, V-trace loss, optimizer, threads) two ways, altern
   is the data path's own cost: queues, gathering, copies, freeing slots).
 Reports the update-rate ratio ring/synthetic and the ring run's busy/wait/overhead split.
 
-    python benchmarks/learner_overhead.py                      # Pong, shallow, T=20, B=32
-    python benchmarks/learner_overhead.py --model resnet --updates 10
+    python -m benchmarks.learner_overhead                      # Pong, shallow, T=20, B=32
+    python -m benchmarks.learner_overhead --model resnet --updates 10
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, write_result  # noqa: E402
-
-from impala_gpu.channels.ring import (  # noqa: E402
+from benchmarks.common import median, write_result
+from impala_gpu.channels.ring import (
     STEP_FIELDS,
     RingSpec,
     SlotManager,
     TrajectoryRing,
     numpy_to_torch_dtype,
 )
-from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg, resolve_device  # noqa: E402
-from impala_gpu.envs import env_spec  # noqa: E402
-from impala_gpu.learning.batcher import Batch, Batcher  # noqa: E402
-from impala_gpu.learning.learner import Learner, make_optimizer  # noqa: E402
-from impala_gpu.models import build_model  # noqa: E402
-from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
+from impala_gpu.config import AlgoCfg, EnvCfg, ModelCfg, resolve_device
+from impala_gpu.envs import env_spec
+from impala_gpu.learning.batcher import Batch, Batcher
+from impala_gpu.learning.learner import Learner, make_optimizer
+from impala_gpu.models import build_model
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc
 
 
 def random_slot(ring: TrajectoryRing, seed: int) -> dict[str, torch.Tensor]:

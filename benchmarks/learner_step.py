@@ -4,7 +4,7 @@ whole update with its epochs and minibatches), with no actors on the cores. Roun
 variants' order, so all see the same machine drift. Set against an end-to-end run of the same
 config (``benchmarks/throughput.py``), it says what the learner loses to sharing the cores.
 
-    python benchmarks/learner_step.py --threads 1,2 --variant "recipe=" \\
+    python -m benchmarks.learner_step --threads 1,2 --variant "recipe=" \\
         --variant "compile=compile=true" experiment=compare_pong
 
 ``--variant NAME=OVERRIDES`` (space-separated Hydra overrides, empty for none); overrides after
@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import rotated, write_result  # noqa: E402
-from variants import parse_variant  # noqa: E402
-
-from impala_gpu.calibration.measure import time_learner_step  # noqa: E402
-from impala_gpu.config import Config, conf_dir, fresh_batch_size, register_configs  # noqa: E402
-from impala_gpu.envs import env_spec  # noqa: E402
-from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc  # noqa: E402
+from benchmarks.common import rotated, write_result
+from benchmarks.variants import parse_variant
+from impala_gpu.calibration.measure import time_learner_step
+from impala_gpu.config import Config, conf_dir, frames_per_update, register_configs
+from impala_gpu.envs import env_spec
+from impala_gpu.speed.tcmalloc import reexec_with_tcmalloc
 
 
 def compose_config(overrides: list[str]) -> Config:
@@ -58,7 +54,7 @@ def main() -> None:
             precision = "fp32" if cfg.precision == "auto" else cfg.precision
             for n in threads:
                 s = time_learner_step(cfg, spec, torch.device("cpu"), precision, n, cfg.batch_size)
-                fps = fresh_batch_size(cfg) * cfg.unroll_length * spec.frames_per_step / s
+                fps = frames_per_update(cfg, spec.frames_per_step) / s
                 runs.append({"round": r, "variant": name, "threads": n, "ms": s * 1e3, "fps": fps})
                 print(f"round {r} {name} {n} threads: {s * 1e3:,.1f} ms ({fps:,.0f} frames/s)")
     summary = {}

@@ -1,6 +1,6 @@
 """Learning runs of named cells, at most ``--parallel`` at a time, each in its own run dir.
 
-    python benchmarks/learning_runs.py --out runs/lag_pong --parallel 2 \\
+    python -m benchmarks.learning_runs --out runs/lag_pong --parallel 2 \\
         --cell "K16_s1=bounded_lag=16 seed=1" --cell "K1_s1=bounded_lag=1 seed=1" \\
         precision=bf16 total_frames=6000000 algo.lr_decay_frames=10000000
 

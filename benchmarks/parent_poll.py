@@ -2,7 +2,7 @@
 poll of multiprocessing's pipe to the parent) against the old ``os.getppid()`` comparison,
 timed inside a spawned child, as the actors run.
 
-    python benchmarks/parent_poll.py [--calls 20000]
+    python -m benchmarks.parent_poll [--calls 20000]
 """
 
 from __future__ import annotations

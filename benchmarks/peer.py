@@ -1,9 +1,9 @@
 """Peer benchmark (issue 6): impala_gpu against Sample Factory 2.1.1 APPO on Pong, same box.
 
     bash benchmarks/peer_setup.sh                 # once: .venv-sf with sample-factory 2.1.1
-    .venv/bin/python benchmarks/peer.py           # 3 rounds x (SF 60 s, impala_gpu 60 s)
-    .venv/bin/python benchmarks/peer.py --seconds 90 model=resnet   # Hydra overrides: impala_gpu
-    .venv/bin/python benchmarks/peer.py --sf-arg=--worker_num_splits=1  # extra SF flags (last wins)
+    .venv/bin/python -m benchmarks.peer           # 3 rounds x (SF 60 s, impala_gpu 60 s)
+    .venv/bin/python -m benchmarks.peer --seconds 90 model=resnet   # Hydra overrides: impala_gpu
+    .venv/bin/python -m benchmarks.peer --sf-arg=--worker_num_splits=1  # extra SF flags (last wins)
 
 Each round runs Sample Factory's APPO (sf_examples.atari, env atari_pong: PongNoFrameskip-v4,
 frameskip 4, 84x84 gray, stack 4), then impala_gpu end to end (benchmarks/throughput.py's run(),
@@ -39,9 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import throughput  # noqa: E402
-from common import median, steady_windows, write_result  # noqa: E402
+from benchmarks import throughput
+from benchmarks.common import median, steady_windows, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMESKIP = 4

@@ -2,8 +2,8 @@
 ring, and through Ray's object store on one node and across two raylets (a loopback cluster:
 head on 127.0.0.2, worker on 127.0.0.3, as in tests/acting/test_ray_pool.py).
 
-    python benchmarks/ray_transfer.py                     # Pong unrolls of 16 envs, T=20 and T=5
-    python benchmarks/ray_transfer.py --unrolls 16x20 --calls 100
+    python -m benchmarks.ray_transfer                     # Pong unrolls of 16 envs, T=20 and T=5
+    python -m benchmarks.ray_transfer --unrolls 16x20 --calls 100
 
 Per unroll (one actor's E envs x (T+1) steps, every ring field):
 - local: the copy into ring slots plus the slot indices' trip through the queues (what an actor
@@ -26,10 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median, write_result  # noqa: E402
-
-from impala_gpu.channels.ring import RingSpec, TrajectoryRing  # noqa: E402
+from benchmarks.common import median, write_result
+from impala_gpu.channels.ring import RingSpec, TrajectoryRing
 
 HEAD, WORKER, PORT = "127.0.0.2", "127.0.0.3", 6391
 

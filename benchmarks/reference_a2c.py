@@ -8,8 +8,9 @@ alpha 0.99, gradient clip 0.5.
     python -m benchmarks.reference_a2c --frames 6000000 --out runs/reference_a2c
 
 Writes ``metrics.jsonl`` in the package's format (frames, elapsed_s, episode_return as the
-mean of the last 100 games, entropy, logit_spread, dead/*), so ``scripts/plot_learning.py`` and
-``scripts/run_summary.py`` read it beside impala_gpu's runs.
+mean of the last 100 games, entropy, logit_spread, dead/*), so
+``impala_gpu.reports.plot_learning`` and ``impala_gpu.reports.run_summary`` read it beside
+impala_gpu's runs.
 """
 
 from __future__ import annotations

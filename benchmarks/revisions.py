@@ -1,8 +1,8 @@
 """Throughput of two revisions of impala_gpu, side by side: runs alternate between a worktree of
 ``--base`` and this checkout (ABBA order per round), so both see the same machine drift.
 
-    python benchmarks/revisions.py --base main~3 --seconds 60 --rounds 3 --precisions fp32,bf16
-    python benchmarks/revisions.py --base v1 experiment=pong_impala    # extra Hydra overrides
+    python -m benchmarks.revisions --base main~3 --seconds 60 --rounds 3 --precisions fp32,bf16
+    python -m benchmarks.revisions --base v1 experiment=pong_impala    # extra Hydra overrides
 
 Writes one JSON with every run and, per precision, the median frames/s of each revision and
 the ratio (this checkout / base). Uses ``benchmarks/throughput.py`` of each revision.
@@ -19,8 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from benchmarks.common import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +28,7 @@ def one_run(tree: Path, seconds: float, overrides: list[str]) -> float:
     """frames/s of one ``throughput.py`` run of the package in ``tree``."""
     with tempfile.TemporaryDirectory() as out:
         env = dict(os.environ, PYTHONPATH=str(tree))
-        cmd = [sys.executable, "benchmarks/throughput.py", f"--seconds={seconds}", "--out", out]
+        cmd = [sys.executable, "-m", "benchmarks.throughput", f"--seconds={seconds}", "--out", out]
         subprocess.run([*cmd, "--name", "run", *overrides], cwd=tree, env=env, check=True)
         return json.loads((Path(out) / "run.json").read_text())["frames_per_s"]
 

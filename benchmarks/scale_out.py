@@ -1,9 +1,9 @@
 """Scale-out against the single-box defaults, side by side (ABBA order per round, so both see
 the same machine drift): throughput for a fixed time, and optionally CartPole solved.
 
-    python benchmarks/scale_out.py --variant runtime=ray experiment=pong_impala
-    python benchmarks/scale_out.py --variant learners=2 experiment=pong_impala
-    python benchmarks/scale_out.py --variant runtime=ray --solve --seeds 0 1 2
+    python -m benchmarks.scale_out --variant runtime=ray experiment=pong_impala
+    python -m benchmarks.scale_out --variant learners=2 experiment=pong_impala
+    python -m benchmarks.scale_out --variant runtime=ray --solve --seeds 0 1 2
 
 ``--variant`` takes the overrides that make the variant (comma-separated); the rest of the
 command line is shared by both. Throughput: median frames/s per side and the ratio
@@ -14,13 +14,10 @@ frames and seconds to a mean return of 475 on CartPole (experiment=cartpole_impa
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cartpole_solve import solve  # noqa: E402
-from common import median, write_result  # noqa: E402
-from throughput import run  # noqa: E402
+from benchmarks.cartpole_solve import solve
+from benchmarks.common import median, write_result
+from benchmarks.throughput import run
 
 REPORTED = ("frames_per_s", "learner_busy", "actor_idle", "policy_lag_mean")
 

@@ -1,8 +1,8 @@
 """Summarise a finished sweep (the figures quoted in docs/results/ come from here):
 
-    python benchmarks/sweep_report.py sweeps/compare_cartpole --threshold 475
-    python benchmarks/sweep_report.py sweeps/lag_cartpole
-    python benchmarks/sweep_report.py sweeps/compare_cartpole --threshold 475 --by compare_cell
+    python -m benchmarks.sweep_report sweeps/compare_cartpole --threshold 475
+    python -m benchmarks.sweep_report sweeps/lag_cartpole
+    python -m benchmarks.sweep_report sweeps/compare_cartpole --threshold 475 --by compare_cell
 
 Prints the per-group table (frames/s, learner busy, mean policy lag, final return, frames and
 wall-clock seconds to the threshold) and the generated conclusion; writes JSON.
@@ -11,16 +11,13 @@ wall-clock seconds to the threshold) and the generated conclusion; writes JSON.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
-
-from impala_gpu.analysis import conclusion, load_sweep, overrides, summary_table  # noqa: E402
-from impala_gpu.sweep import failed_points  # noqa: E402
+from benchmarks.common import write_result
+from impala_gpu.analysis import conclusion, load_sweep, overrides, summary_table
+from impala_gpu.sweep import failed_points
 
 
 def main() -> None:

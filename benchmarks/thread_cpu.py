@@ -1,7 +1,7 @@
 """Where a run's cores go: the CPU time of every thread of the CLI and its child processes
 (actors, learner ranks), read from Linux's ``/proc`` over a steady window of a real run.
 
-    python benchmarks/thread_cpu.py --warmup 20 --window 20 \\
+    python -m benchmarks.thread_cpu --warmup 20 --window 20 \\
         experiment=compare_pong compare_cell=impala envs_per_actor=32 precision=fp32
 
 Prints, per process and thread, the cores it kept busy over the window (CPU seconds per
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cli_command, write_result
+from benchmarks.common import cli_command, write_result
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,7 +1,7 @@
 """End-to-end throughput: real actors, real ring, real learner, for a fixed wall-clock time.
 
-    python benchmarks/throughput.py                              # Pong, shallow, defaults, 60 s
-    python benchmarks/throughput.py --seconds 90 model=resnet    # any Hydra override after flags
+    python -m benchmarks.throughput                              # Pong, shallow, defaults, 60 s
+    python -m benchmarks.throughput --seconds 90 model=resnet    # any Hydra override after flags
 
 Reports medians over the steady log windows (the first window, with process start-up and
 warm-up, is dropped): agent steps/s, frames/s (frames = agent steps x frameskip 4), learner
@@ -16,14 +16,12 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cli_command, median, steady_windows, write_result  # noqa: E402
+from benchmarks.common import cli_command, median, steady_windows, write_result
 
 KEYS = (
     "agent_steps_per_s",

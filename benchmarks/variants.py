@@ -2,9 +2,9 @@
 once (``benchmarks/throughput.py``), in an order rotated per round, so all see the same machine
 drift. The first variant is the reference of the ratios.
 
-    python benchmarks/variants.py --seconds 60 --rounds 3 \\
+    python -m benchmarks.variants --seconds 60 --rounds 3 \\
         --variant "elu=" --variant "relu=model.activation=relu" precision=fp32
-    python benchmarks/variants.py --variant "impala=" \\
+    python -m benchmarks.variants --variant "impala=" \\
         --variant "a3c=experiment=compare_pong compare_cell=a3c" precision=fp32
 
 ``--variant NAME=OVERRIDES`` (space-separated Hydra overrides, empty for none); overrides after
@@ -23,8 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import rotated, write_result  # noqa: E402
+from benchmarks.common import rotated, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARISED = ("frames_per_s", "learner_busy", "cores_busy", "cpu_ms_per_kframe", "steal")
@@ -34,7 +33,7 @@ KEPT = (*SUMMARISED, "policy_lag_mean")
 def one_run(seconds: float, overrides: list[str]) -> dict:
     """``throughput.py``'s result for one run with ``overrides``."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "benchmarks/throughput.py", f"--seconds={seconds}", "--out", out]
+        cmd = [sys.executable, "-m", "benchmarks.throughput", f"--seconds={seconds}", "--out", out]
         subprocess.run([*cmd, "--name", "run", *overrides], cwd=REPO, check=True)
         return json.loads((Path(out) / "run.json").read_text())
 

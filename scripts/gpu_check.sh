@@ -36,7 +36,7 @@ rm -f "$OUT"/{verdict.txt,env.txt,tests.log,gpu.log,gpu.json}
 PY=${PY:-python3}
 BUDGET=${GPU_CHECK_BUDGET:-360}
 export PYTHONUNBUFFERED=1
-BENCH=(benchmarks/gpu.py --out "$OUT" --verdict "$OUT/verdict.txt")
+BENCH=(-m benchmarks.gpu --out "$OUT" --verdict "$OUT/verdict.txt")
 # shellcheck disable=SC2206
 BENCH+=(${DRY:+--dry-run} ${GPU_CHECK_BENCH_ARGS:-})
 FAILED=0

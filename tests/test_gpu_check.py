@@ -1,6 +1,6 @@
-"""The GPU check (scripts/gpu_check.sh, benchmarks/gpu.py) without a GPU: its --dry-run passes
-on the CPU in under 2 minutes with a line for every stage, and its verdict can FAIL (a low
-measurement, an unmeasured one, a crashed stage) with a non-zero exit."""
+"""The GPU check (scripts/gpu_check.sh, ``python -m benchmarks.gpu``) without a GPU: its
+--dry-run passes on the CPU in under 2 minutes with a line for every stage, and its verdict can
+FAIL (a low measurement, an unmeasured one, a crashed stage) with a non-zero exit."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STAGES = ("preflight", "tests", "cartpole", "learner", "ring", "e2e")
-# This checkout's impala_gpu, not another one an editable install points at (the script sets it
-# too: benchmarks/gpu.py run alone puts only benchmarks/ on sys.path).
+# This checkout's impala_gpu and benchmarks, not another checkout an editable install points at
+# (the script sets it too).
 ENV = {
     **os.environ,
     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -28,17 +28,8 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def gpu():
-    """benchmarks/gpu.py as a module (it puts benchmarks/ on sys.path: undone after)."""
-    path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module  # its dataclass looks its module up there
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path[:] = path
-        del sys.modules["bench_gpu"]
+    """benchmarks/gpu.py, imported from the repository root (pytest's ``pythonpath``)."""
+    return importlib.import_module("benchmarks.gpu")
 
 
 def verdicts(path: Path) -> dict[str, str]:
@@ -110,7 +101,7 @@ def test_the_heavy_variant_is_learner_bound_by_its_epochs(gpu):
 def test_gpu_py_exits_nonzero_when_a_judged_threshold_fails(tmp_path):
     """--judge on a CPU: no CUDA device is a FAIL line and exit code 1."""
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--dry-run", "--judge", "--stages", "preflight"]
+        [sys.executable, "-m", "benchmarks.gpu", "--dry-run", "--judge", "--stages", "preflight"]
         + ["--out", str(tmp_path), "--verdict", str(tmp_path / "verdict.txt")],
         cwd=REPO,
         env=ENV,

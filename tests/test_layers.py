@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("algorithms", ("algos", "evaluate")),
     ("command line", ("cli", "cli_help", "__main__")),
+    ("reports on archived runs", ("reports",)),
 )
 
 

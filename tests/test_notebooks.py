@@ -168,15 +168,15 @@ def test_compare_baselines(compare_baselines: tuple[int, str]) -> None:
 def test_compare_baselines_table_is_sweep_reports(
     compare_baselines: tuple[int, str], sweeps: dict[str, Path], tmp_path: Path
 ) -> None:
-    """The notebook groups as the README's figures do (benchmarks/sweep_report.py --by
-    compare_cell): one row per compare cell, the two A3C layouts apart, the same numbers."""
+    """The notebook groups as the README's figures do (``python -m benchmarks.sweep_report --by
+    compare_cell``): one row per compare cell, the two A3C layouts apart, the same numbers."""
     _, text = compare_baselines
     line = next(ln for ln in text.splitlines() if ln.startswith(TABLE_JSON))
     notebook = pd.DataFrame(json.loads(line.removeprefix(TABLE_JSON)))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "sweep_report.py"), str(sweeps["baselines"]),
+        [sys.executable, "-m", "benchmarks.sweep_report", str(sweeps["baselines"]),
          "--threshold", "5", "--by", "compare_cell", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     (report,) = tmp_path.glob("sweep_*.json")

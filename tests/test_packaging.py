@@ -24,6 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 # What `pip wheel .` reads: the metadata, the readme it embeds, the package and conf/.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "impala_gpu", "conf")
+# The checkout's folders that must stay out of the wheel, copied too so a build could pick
+# them up: the benchmarks (developer tools), the shell scripts and the archive of runs.
+LEFT_OUT = ("benchmarks", "scripts", "results")
+# The console scripts beside impala-gpu: the two reports run most often.
+REPORT_SCRIPTS = {"impala-gpu-plot": "--out", "impala-gpu-summary": "--thresholds"}
 GROUPS = ("algo", "compare_cell", "env", "experiment", "lag_cell", "model", "recipe")
 # Compositions that read every group (env, model, algo, experiment, both cells) from the tree.
 COMPOSED = {
@@ -40,7 +45,7 @@ pytest.importorskip("setuptools", reason="the dev extra brings it: pip install -
 
 def _copy_sources(dst: Path) -> Path:
     dst.mkdir()
-    for name in BUILD_INPUTS:
+    for name in (*BUILD_INPUTS, *LEFT_OUT):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -136,6 +141,18 @@ def test_the_wheel_carries_every_config(wheel: Path) -> None:
     assert "impala_gpu/__main__.py" in names and "impala_gpu/algos/impala.py" in names
 
 
+def test_the_wheel_carries_the_reports_and_nothing_beside_the_package(wheel: Path) -> None:
+    zf = zipfile.ZipFile(wheel)
+    names = set(zf.namelist())
+    reports = {p.name for p in (REPO / "impala_gpu" / "reports").glob("*.py")}
+    assert {f"impala_gpu/reports/{n}" for n in reports} <= names, sorted(names)
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"impala_gpu"}, tops
+    (entry_points,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    listed = zf.read(entry_points).decode()
+    assert all(f"{script} = " in listed for script in REPORT_SCRIPTS), listed
+
+
 def test_an_installed_wheel_runs_from_any_folder(wheel: Path, tmp_path: Path) -> None:
     site_dir = tmp_path / "site"
     _run(
@@ -150,6 +167,8 @@ def test_an_installed_wheel_runs_from_any_folder(wheel: Path, tmp_path: Path) ->
     env = _clean_env(PYTHONPATH=str(site_dir))
     script = str(site_dir / "bin" / "impala-gpu")
     _check_runs(sys.executable, script, elsewhere, env, site_dir / "impala_gpu" / "conf")
+    for name, flag in REPORT_SCRIPTS.items():
+        assert flag in _run([str(site_dir / "bin" / name), "--help"], elsewhere, env), name
 
 
 def test_an_editable_install_uses_the_checkouts_conf(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ quantiles of sqrt(v) (RMSprop's ``square_avg``, Adam's ``exp_avg_sq``) and the f
 of up to lr * g / (sqrt(v) + eps) the moment that gradient arrives: with eps = 1e-5 and a dead
 unit's sqrt(v) near 0, about 10 x lr for a gradient of 1e-4.
 
-    python scripts/optimizer_state.py runs/pong/seed0/checkpoints/ckpt_000006150400.pt ...
+    python -m impala_gpu.reports.optimizer_state \\
+        runs/pong/seed0/checkpoints/ckpt_000006150400.pt ...
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Learning curves from runs' ``metrics.jsonl``: return against frames and against wall-clock,
 with the network's health (entropy, logit spread, dead fc units) underneath.
 
-    python scripts/plot_learning.py runs/abl/B_tf runs/abl/C_tf_ortho --out docs/pong.png
-    python scripts/plot_learning.py NAME=RUN_DIR ... --target 18
-    python scripts/plot_learning.py NAME=RUN_DIR ... --returns-only --out docs/headline.png
+    python -m impala_gpu.reports.plot_learning runs/abl/B_tf runs/abl/C_tf_ortho --out docs/pong.png
+    python -m impala_gpu.reports.plot_learning NAME=RUN_DIR ... --target 18
+    python -m impala_gpu.reports.plot_learning NAME=RUN_DIR ... --returns-only \\
+        --out docs/headline.png
 
 Each argument is a run dir, or ``label=run_dir``. The learning-curve PNGs in docs/ are made by
 this script (commands in docs/results/).
@@ -15,11 +16,9 @@ import argparse
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from impala_gpu.analysis import metrics_path, read_metrics  # noqa: E402
+from impala_gpu.analysis import metrics_path, read_metrics
 
 PANELS = (
     ("frames", "episode_return", "mean return (last 100 games)"),
@@ -34,6 +33,9 @@ PANELS = (
 
 
 def main() -> None:
+    # Files only, no display. Chosen here, not on import: a notebook that imports this
+    # module keeps its own backend.
+    matplotlib.use("Agg")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("runs", nargs="+", help="run dir or label=run_dir")
     p.add_argument("--out", required=True, help="PNG to write")

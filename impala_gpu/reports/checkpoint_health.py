@@ -1,6 +1,7 @@
 """Network health of saved checkpoints, on the same real frames for each.
 
-    python scripts/checkpoint_health.py runs/abl/A_a2clike runs/abl/C_tf_ortho [--steps 300]
+    python -m impala_gpu.reports.checkpoint_health runs/abl/A_a2clike runs/abl/C_tf_ortho \\
+        [--steps 300]
 
 Plays ``--steps`` steps of 4 envs of the checkpoint's own env with the checkpoint's policy,
 keeps every 5th observation (about 240 states), and reports the dead fraction per layer and

@@ -1,6 +1,6 @@
 """IMPALA vs A2C vs A3C from their runs: the table and figure of docs/results/compare.md.
 
-    python scripts/compare_report.py multirun/compare_pong benchmarks/results/pong \
+    python -m impala_gpu.reports.compare multirun/compare_pong results/pong \\
         --thresholds 0,10,18 --png docs/compare_pong.png --md /tmp/compare_pong.md
 
 Each argument is a run dir or a tree of them (a sweep; archived runs with ``metrics.jsonl.gz``
@@ -19,12 +19,10 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from impala_gpu.analysis import (  # noqa: E402
+from impala_gpu.analysis import (
     find_runs,
     load_run,
     runs_frame,
@@ -113,6 +111,9 @@ def figure(df: pd.DataFrame, title: str, out: Path, target: float | None) -> Non
 
 
 def main() -> None:
+    # Files only, no display. Chosen here, not on import: a notebook that imports this
+    # module keeps its own backend.
+    matplotlib.use("Agg")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("paths", nargs="+", help="run dirs or trees of them")
     p.add_argument("--thresholds", default="0,10,18")

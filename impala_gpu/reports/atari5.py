@@ -1,7 +1,7 @@
 """Atari-5 from archived runs: the per-game table, the Atari-5 estimate of the Atari-57 median,
 and one figure of the five learning curves (docs/results/atari5.md).
 
-    python scripts/atari5_report.py benchmarks/results/atari5/* \
+    python -m impala_gpu.reports.atari5 results/atari5/* \\
         --budget 10e6 --png docs/atari5.png --md /tmp/atari5.md
 
 Each argument is one run dir (``config.yaml`` plus ``metrics.jsonl`` or ``metrics.jsonl.gz``),
@@ -34,13 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from impala_gpu.analysis import load_run  # noqa: E402
-from impala_gpu.analysis.atari5 import (  # noqa: E402
+from impala_gpu.analysis import load_run
+from impala_gpu.analysis.atari5 import (
     ATARI5,
     RELATIVE_ERROR_PERCENT,
     SOURCE_COMMIT,
@@ -263,6 +261,9 @@ def stamp(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Files only, no display. Chosen here, not on import: a notebook that imports this
+    # module keeps its own backend.
+    matplotlib.use("Agg")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("runs", nargs="+", help="run dirs, one per Atari-5 game")
     p.add_argument("--budget", type=float, default=10e6, help="frames to read the score at")
@@ -280,13 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = [summarize(run, args.budget) for run in args.runs]
     except ValueError as e:
-        print(f"atari5_report: {e}", file=sys.stderr)
+        print(f"atari5: {e}", file=sys.stderr)
         return 2
     seen: dict[str, Path] = {}
     for r in runs:
         if r.game.key in seen:
             print(
-                f"atari5_report: two runs for {r.game.title}: {seen[r.game.key]} and {r.path}",
+                f"atari5: two runs for {r.game.title}: {seen[r.game.key]} and {r.path}",
                 file=sys.stderr,
             )
             return 2

@@ -1,6 +1,6 @@
 """One table row per run: where it got to, and how healthy its network was at the end.
 
-    python scripts/run_summary.py runs/abl/A_a2clike runs/abl/C_tf_ortho [--last 10]
+    python -m impala_gpu.reports.run_summary runs/abl/A_a2clike runs/abl/C_tf_ortho [--last 10]
 
 Return, entropy and the health metrics are medians over the last ``--last`` metric lines (the
 health sample is a few hundred states per line, so single lines are noisy). Also prints the

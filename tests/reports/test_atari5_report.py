@@ -1,25 +1,18 @@
-"""scripts/atari5_report.py on synthetic run dirs: a few metric lines each, no learning."""
+"""`python -m impala_gpu.reports.atari5` on synthetic run dirs: a few metric lines each,
+no learning."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from impala_gpu.analysis.atari5 import ATARI5, atari5_median_estimate, human_normalized
-
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("atari5_report", REPO / "scripts/atari5_report.py")
-assert _spec is not None and _spec.loader is not None
-report = importlib.util.module_from_spec(_spec)
-sys.modules["atari5_report"] = report  # dataclasses look their module up while it loads
-_spec.loader.exec_module(report)
+from impala_gpu.reports import atari5 as report
 
 FINAL = {  # a made-up final score per game, the mean of its last 100 games
     "ALE/BattleZone-v5": 9000.0,

@@ -1,6 +1,7 @@
 """The lag study's table, conclusion and figure, from its sweep (``-m experiment=lag_study``).
 
-    python scripts/lag_study.py multirun/<date>/<time> --png docs/lag_study.png --md table.md
+    python -m impala_gpu.reports.lag_study multirun/<date>/<time> \\
+        --png docs/lag_study.png --md table.md
 
 Per cell (correction x exact lag x replay): final return and area under the curve with 95%
 bootstrap intervals over seeds, the share of collapsed seeds, mean |log rho| and KL(mu || pi).
@@ -14,12 +15,10 @@ import argparse
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from impala_gpu import analysis  # noqa: E402
+from impala_gpu import analysis
 
 COLORS = {"vtrace": "tab:blue", "none": "tab:red", "is1": "tab:green"}
 COLUMNS = [
@@ -99,6 +98,9 @@ def figure(table: pd.DataFrame, title: str, out: Path) -> None:
 
 
 def main() -> None:
+    # Files only, no display. Chosen here, not on import: a notebook that imports this
+    # module keeps its own backend.
+    matplotlib.use("Agg")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("sweep", help="the sweep dir (multirun/<date>/<time>)")
     p.add_argument("--png", default=None, help="write the figure here")
