@@ -9,7 +9,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from impala_gpu.channels.ring import RingSpec, ring_spec
-from impala_gpu.config import Config, ConfigError, min_num_slots, resolve_num_slots
+from impala_gpu.config import (
+    Config,
+    ConfigError,
+    min_num_slots,
+    resolve_bounded_lag,
+    resolve_num_slots,
+)
 from impala_gpu.envs import EnvSpec, env_spec
 from impala_gpu.models import build_model
 
@@ -71,7 +77,8 @@ def shared_memory_need(cfg: Config, num_slots: int) -> SharedMemoryNeed:
     """The ring of ``num_slots`` slots and the parameter store of ``cfg``'s run
     (``algos.impala.DataPath.build`` allocates both)."""
     spec = cached_env_spec(cfg)
-    history = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 1
+    lag = resolve_bounded_lag(cfg)
+    history = (lag + 2) if lag is not None else 1
     params = history * model_num_params(cfg, spec) * PARAM_BYTES
     return SharedMemoryNeed(ring_spec(cfg, spec, num_slots), params)
 

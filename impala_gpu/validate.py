@@ -15,6 +15,7 @@ from impala_gpu.config import (
     auto_keys,
     fresh_batch_size,
     min_num_slots,
+    resolve_bounded_lag,
     resolve_device,
     visible_devices,
 )
@@ -46,6 +47,12 @@ def check_values(cfg: Config) -> None:
             raise ConfigError(
                 f"{key}={v!r} must be a positive integer or auto. Fix: {key}=auto or {key}=2."
             )
+    lag = cfg.bounded_lag
+    if lag not in (None, AUTO) and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 0):
+        raise ConfigError(
+            f"bounded_lag={lag!r} must be an integer >= 0, auto or null. Fix: bounded_lag=auto "
+            "(the least exact lag at which no actor waits), or bounded_lag=null (off)."
+        )
 
 
 def validate_replay(cfg: Config) -> None:
@@ -251,7 +258,7 @@ def _whole_unrolls_fix(cfg: Config, fresh: int) -> str:
 def require_resolved(cfg: Config) -> None:
     """No ``auto`` left in ``cfg``: what a train function needs before it builds anything."""
     check_values(cfg)
-    unresolved = auto_keys(cfg)
+    unresolved = auto_keys(cfg) + (["bounded_lag"] if cfg.bounded_lag == AUTO else [])
     if unresolved:
         raise ConfigError(
             f"{unresolved[0]}=auto reached the runtime unresolved. Fix: set "
@@ -326,12 +333,8 @@ def validate_num_slots(cfg: Config) -> None:
 
 
 def validate_bounded_lag(cfg: Config) -> None:
-    if cfg.bounded_lag is None:
+    if resolve_bounded_lag(cfg) is None:  # off, or auto under Ray
         return
-    _require(
-        cfg.bounded_lag >= 0,
-        f"bounded_lag={cfg.bounded_lag} must be >= 0 or null. Fix: bounded_lag=null (off).",
-    )
     fresh = fresh_batch_size(cfg)
     _require(
         cfg.envs_per_actor == AUTO or fresh % cfg.envs_per_actor == 0,

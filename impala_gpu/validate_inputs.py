@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from impala_gpu.config import Config, ConfigError, require
+from impala_gpu.config import AUTO, Config, ConfigError, require
 
 # derive_seeds feeds the seed to numpy's SeedSequence (no negative numbers) and the algorithms
 # to torch.manual_seed; 32 bits is the range every seeding API in the stack takes.
@@ -175,7 +175,7 @@ def validate_runtime(cfg: Config) -> None:
         "runtime=local, or algo=impala.",
     )
     require(
-        cfg.bounded_lag is None,
+        cfg.bounded_lag in (None, AUTO),
         "runtime=ray can't give bounded_lag's guarantee: remote unrolls arrive in network "
         "order, not round-robin. Fix: bounded_lag=null, or runtime=local.",
     )

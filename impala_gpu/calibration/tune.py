@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -44,7 +45,14 @@ from impala_gpu.calibration.model import (
     timing_key,
 )
 from impala_gpu.calibration.trials import Train, trial_run
-from impala_gpu.config import auto_keys, resolve_device
+from impala_gpu.config import (
+    AUTO,
+    auto_keys,
+    fresh_batch_size,
+    least_bounded_lag,
+    resolve_bounded_lag,
+    resolve_device,
+)
 from impala_gpu.envs import env_spec
 from impala_gpu.validate import check_values
 
@@ -192,7 +200,7 @@ def resolve_auto(cfg, algo: Tunable):
     comes back as is."""
     check_values(cfg)
     if not auto_keys(cfg):
-        return cfg, None
+        return with_bounded_lag(cfg), None
     device = resolve_device(cfg.device)
     if algo.cost.cpu_only:
         device = torch.device("cpu")
@@ -218,17 +226,48 @@ def resolve_auto(cfg, algo: Tunable):
         num_actors=chosen.num_actors,
         envs_per_actor=chosen.envs_per_actor,
     )
-    return resolved, decision
+    return with_bounded_lag(resolved), decision
+
+
+def with_bounded_lag(cfg):
+    """``cfg`` with ``bounded_lag=auto`` replaced by its value for the counts ``cfg`` holds
+    (``config.resolve_bounded_lag``)."""
+    if cfg.bounded_lag != AUTO:
+        return cfg
+    return dataclasses.replace(cfg, bounded_lag=resolve_bounded_lag(cfg))
+
+
+def lag_note(asked, cfg) -> str | None:
+    """What the console says of ``cfg``'s exact lag: the value ``auto`` gave it, or a warning
+    when a fixed one makes actors wait for the learner; None when there is nothing to say."""
+    lag, least = cfg.bounded_lag, least_bounded_lag(cfg)
+    if lag is None or cfg.algo.name == "a3c":
+        return None
+    sizes = f"{cfg.num_actors} actors x {cfg.envs_per_actor} envs, batch_size={cfg.batch_size}"
+    if asked.bounded_lag == AUTO:
+        return f"auto (bounded_lag): bounded_lag={lag}, the least at which no actor waits ({sizes})"
+    if lag < least and cfg.algo.name != "a2c":  # A2C waits on purpose: its barrier
+        free = lag * fresh_batch_size(cfg) // cfg.envs_per_actor
+        return (
+            f"warning: bounded_lag={lag} with {sizes}: while the learner computes an update at "
+            f"most {free} of the {cfg.num_actors} actors can step; the rest wait for it. Fix: "
+            f"bounded_lag=auto ({least} here), or a batch_size of "
+            f"{math.ceil(cfg.num_actors * cfg.envs_per_actor / lag)} for lag {lag}."
+        )
+    return None
 
 
 def apply_auto(cfg, algo: Tunable, run_dir: str | Path | None = None, check=None):
     """``resolve_auto``, saying in one line what was chosen and why (and in ``auto.json``).
     ``check(resolved)``, when given, runs before ``auto.json`` is written, so a config that
     cannot run leaves no file behind."""
-    keys = auto_keys(cfg)
+    keys, asked = auto_keys(cfg), cfg
     cfg, decision = resolve_auto(cfg, algo)
     if decision is not None:
         print(f"impala_gpu: {decision.describe(keys)}", file=sys.stderr, flush=True)
+    note = lag_note(asked, cfg)
+    if note is not None:
+        print(f"impala_gpu: {note}", file=sys.stderr, flush=True)
     if check is not None:
         check(cfg)
     if decision is not None and run_dir is not None:

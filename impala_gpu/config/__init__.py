@@ -4,7 +4,9 @@ values come to on this machine (``resolve``). It imports no other part of the pa
 
 from impala_gpu.config.errors import ConfigError, require
 from impala_gpu.config.resolve import (
+    least_bounded_lag,
     min_num_slots,
+    resolve_bounded_lag,
     resolve_device,
     resolve_num_slots,
     visible_devices,
@@ -56,9 +58,11 @@ __all__ = [
     "conf_dir",
     "frames_per_update",
     "fresh_batch_size",
+    "least_bounded_lag",
     "min_num_slots",
     "register_configs",
     "require",
+    "resolve_bounded_lag",
     "resolve_device",
     "resolve_num_slots",
     "save_config",

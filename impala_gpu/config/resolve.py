@@ -4,12 +4,13 @@ and ``auto`` all resolve them here, so they agree."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 
 from impala_gpu.config.errors import require
-from impala_gpu.config.schema import AUTO, Config
+from impala_gpu.config.schema import AUTO, Config, fresh_batch_size
 
 
 def visible_devices() -> str:
@@ -79,6 +80,28 @@ def resolve_num_slots(cfg: Config) -> int:
     ``min_num_slots``; a resolved config has none)."""
     if cfg.num_slots:
         return cfg.num_slots
-    ahead = (cfg.bounded_lag + 2) if cfg.bounded_lag is not None else 2
+    lag = resolve_bounded_lag(cfg)
+    ahead = (lag + 2) if lag is not None else 2
     # Room for every env to run one unroll ahead while batches are assembled.
     return ahead * cfg.batch_size + 2 * _count(cfg.num_actors) * _count(cfg.envs_per_actor)
+
+
+def least_bounded_lag(cfg: Config) -> int:
+    """The least exact lag at which no actor waits for the learner (an ``auto`` count as 1).
+
+    Under ``bounded_lag=K`` unroll ``g`` lands in update ``u = g*E // B`` and acts with version
+    ``u - K`` (``acting.actor.bounded_lag_version``), so while the learner computes update
+    ``u - K + 1`` only the unrolls of the next ``K`` batches, ``K*B/E`` of them, may step. All
+    ``N`` actors step at once only if that is at least ``N``: ``K >= ceil(N*E / B)``. With
+    ``K = 1`` and 15 actors of 16 envs at ``B = 16``, 2 of the 15 step and 13 wait.
+    """
+    envs = _count(cfg.num_actors) * _count(cfg.envs_per_actor)
+    return max(1, math.ceil(envs / max(fresh_batch_size(cfg), 1)))
+
+
+def resolve_bounded_lag(cfg: Config) -> int | None:
+    """``bounded_lag`` as the run uses it: ``auto`` is ``least_bounded_lag`` under the local
+    runtime, and off (None) under Ray, whose unrolls arrive in network order."""
+    if cfg.bounded_lag != AUTO:
+        return cfg.bounded_lag
+    return None if cfg.runtime == "ray" else least_bounded_lag(cfg)

@@ -161,7 +161,9 @@ class Config:
     publish_interval: int = 1  # publish learner weights to actors every N updates
     max_policy_lag: int = 0  # drop trajectories staler than this many updates (0: keep all)
     refresh_every: int = 1  # refresh interval K: reload weights once K updates behind (lag cycles)
-    bounded_lag: int | None = None  # K: every sample has lag exactly K, deterministic (None: off)
+    # K: every sample has lag exactly K updates, deterministic (None: off); auto: the least K at
+    # which no actor waits for the learner, ceil(actors x envs / batch) (config.least_bounded_lag)
+    bounded_lag: Any = None
     learner_threads: int = 0  # learner torch threads; 0: auto (speed.learner_threads)
     # CPU learner: split each SGD step's minibatch into N shards run at once on N threads, one
     # torch thread each (learning.shards); 1: no split, learner_threads share every kernel
