@@ -25,7 +25,7 @@ def _median_time(fn, min_reps: int, min_s: float, warmup: int = 1) -> float:
     return float(np.median(times))
 
 
-def _synthetic_batch(spec, T: int, B: int, model, device: torch.device):
+def synthetic_batch(spec, T: int, B: int, model, device: torch.device):
     from impala_gpu.learning.batcher import Batch
 
     g = torch.Generator().manual_seed(0)
@@ -75,7 +75,7 @@ def time_learner_step(cfg, spec, device, precision: str, threads: int, B: int) -
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model).to(device)
     optimizer = make_optimizer(model, cfg.algo)
     compile_model(model, cfg.compile)
-    batch = _synthetic_batch(spec, cfg.unroll_length, B, model, device)
+    batch = synthetic_batch(spec, cfg.unroll_length, B, model, device)
     shards = ShardThreads(cfg.learner_shards) if cfg.learner_shards > 1 else None
 
     learner = Learner(model, optimizer, cfg.algo, precision, shards=shards)
@@ -98,7 +98,7 @@ def time_policy_step(cfg, spec, precision: str, E: int) -> float:
 
     model = build_model(spec.obs_shape, spec.num_actions, cfg.model)
     model.eval()
-    batch = _synthetic_batch(spec, 0, E, model, torch.device("cpu"))
+    batch = synthetic_batch(spec, 0, E, model, torch.device("cpu"))
     core = model.initial_state(E)
     with _threads(1):
         return _median_time(
