@@ -10,9 +10,10 @@ threshold to ``verdict.txt`` (name, value, threshold, PASS/FAIL), and exits 1 on
   a steady window, and the device's kernel time in one torch.profiler window.
 - ring: that learner fed by the shared-memory ring and the Batcher (feeders refill slots at
   memcpy speed), publishing its weights every update as the train loop does.
-- e2e: the CLI with ``cores - 2`` free-running actors (``bounded_lag=null``: the recipe's
-  ``bounded_lag: 1`` lets at most two step at once) against the raw vector env in as many
-  processes; then a learner-heavy variant, GPU utilisation sampled from nvidia-smi.
+- e2e: the CLI with ``cores - 2`` actors at the recipe's ``bounded_lag: auto`` (an exact lag
+  of as many updates as there are actors, the least at which none waits for the learner)
+  against the raw vector env in as many processes; then a learner-heavy variant, GPU
+  utilisation sampled from nvidia-smi.
 
 ``--dry-run``: every stage on the CPU at tiny sizes; speed thresholds are reported, not judged
 (DRY-RUN), and CartPole passes when it ran and logged. ``--judge`` judges them anyway.
@@ -329,7 +330,7 @@ def stage_e2e(args, device, out: dict, stages: dict) -> list[Check]:
     raw = actors_bench.run_raw(mp.get_context("spawn"), raw_cfg, args.sizes["raw_s"])
     out.update(actors=actors, envs_per_actor=E, raw_steps_per_s=raw)
     print(f"gpu e2e: raw vector env {raw:,.0f} steps/s ({actors} x {E} envs)", flush=True)
-    base = [f"device={device}", f"env.id={args.env}", "precision=bf16", "bounded_lag=null"]
+    base = [f"device={device}", f"env.id={args.env}", "precision=bf16"]
     base += [f"num_actors={actors}", *DRY_RECIPE * args.dry_run]
     base += ["total_frames=256"] * args.dry_run  # a dry run: two updates (e2e_s caps it)
     alone = stages.get("learner", {}).get("bf16", {}).get("agent_steps_per_s", float("nan"))

@@ -243,7 +243,8 @@ def lag_note(asked, cfg) -> str | None:
     lag, least = cfg.bounded_lag, least_bounded_lag(cfg)
     if lag is None or cfg.algo.name == "a3c":
         return None
-    sizes = f"{cfg.num_actors} actors x {cfg.envs_per_actor} envs, batch_size={cfg.batch_size}"
+    actors = f"{cfg.num_actors} actor{'s' * (cfg.num_actors != 1)}"
+    sizes = f"{actors} x {cfg.envs_per_actor} envs, batch_size={cfg.batch_size}"
     if asked.bounded_lag == AUTO:
         return f"auto (bounded_lag): bounded_lag={lag}, the least at which no actor waits ({sizes})"
     if lag < least and cfg.algo.name != "a2c":  # A2C waits on purpose: its barrier

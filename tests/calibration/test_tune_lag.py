@@ -36,3 +36,14 @@ def test_a_fixed_lag_below_the_least_warns_with_the_fix():
     a2c_algo = dataclasses.replace(FIXED.algo, name="a2c")
     a2c = dataclasses.replace(FIXED, bounded_lag=0, algo=a2c_algo)
     assert lag_note(a2c, a2c) is None  # A2C's barrier waits on purpose
+
+
+def test_a_trial_runs_each_candidate_at_its_own_least_lag():
+    from impala_gpu.calibration.model import Candidate
+    from impala_gpu.calibration.trials import trial_config
+
+    asked = dataclasses.replace(FIXED, num_actors=AUTO, bounded_lag=AUTO)
+    assert trial_config(asked, Candidate("bf16", 2, 16), 8.0).bounded_lag == 2
+    assert trial_config(asked, Candidate("bf16", 1, 16), 8.0).bounded_lag == 1
+    fixed = dataclasses.replace(asked, bounded_lag=5)
+    assert trial_config(fixed, Candidate("bf16", 2, 16), 8.0).bounded_lag == 5
