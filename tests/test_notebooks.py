@@ -215,9 +215,9 @@ def test_policy_lag_without_histograms(
 def test_lag_study_script_writes_the_table_and_the_figure(sweeps: dict[str, Path], tmp_path):
     png, md = tmp_path / "lag_study.png", tmp_path / "lag_study.md"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "lag_study.py"), str(sweeps["lag"]),
+        [sys.executable, "-m", "impala_gpu.reports.lag_study", str(sweeps["lag"]),
          "--png", str(png), "--md", str(md)],
-        capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert png.stat().st_size > 10_000
@@ -232,9 +232,9 @@ def test_lag_study_script_writes_the_table_and_the_figure(sweeps: dict[str, Path
 def test_compare_report_writes_the_table_and_the_figure(sweeps: dict[str, Path], tmp_path):
     png, md = tmp_path / "compare.png", tmp_path / "compare.md"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "compare_report.py"), str(sweeps["baselines"]),
+        [sys.executable, "-m", "impala_gpu.reports.compare", str(sweeps["baselines"]),
          "--thresholds", "5,1e9", "--png", str(png), "--md", str(md)],
-        capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert png.stat().st_size > 10_000

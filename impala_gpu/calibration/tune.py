@@ -241,7 +241,7 @@ def lag_note(asked, cfg) -> str | None:
     """What the console says of ``cfg``'s exact lag: the value ``auto`` gave it, or a warning
     when a fixed one makes actors wait for the learner; None when there is nothing to say."""
     lag, least = cfg.bounded_lag, least_bounded_lag(cfg)
-    if lag is None or cfg.algo.name == "a3c":
+    if not lag or cfg.algo.name == "a3c":  # off, or 0: synchronous, every actor waits by design
         return None
     actors = f"{cfg.num_actors} actor{'s' * (cfg.num_actors != 1)}"
     sizes = f"{actors} x {cfg.envs_per_actor} envs, batch_size={cfg.batch_size}"

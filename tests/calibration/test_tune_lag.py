@@ -33,6 +33,7 @@ def test_a_fixed_lag_below_the_least_warns_with_the_fix():
     assert "bounded_lag=auto (4 here)" in note and "batch_size of 64" in note
     assert lag_note(FIXED, dataclasses.replace(FIXED, bounded_lag=4)) is None
     assert lag_note(FIXED, FIXED) is None  # free-running: nothing to say
+    assert lag_note(FIXED, dataclasses.replace(FIXED, bounded_lag=0)) is None  # synchronous
     a2c_algo = dataclasses.replace(FIXED.algo, name="a2c")
     a2c = dataclasses.replace(FIXED, bounded_lag=0, algo=a2c_algo)
     assert lag_note(a2c, a2c) is None  # A2C's barrier waits on purpose
