@@ -113,7 +113,8 @@ def figure(runs: list[Run], out: Path, target: float = 18.0) -> None:
                 continue
             m = r.metrics.dropna(subset=["episode_return"])
             style = ("-", "--", ":")[((r.seed or 1) - 1) % 3]
-            label = f"lag {lag_label(r)}, seed {r.seed}"
+            free = f"free-running, {_get(r, 'num_actors')} actors, mean lag {mean_lag(r):.1f}"
+            label = f"{f'lag {r.bounded_lag}' if r.bounded_lag >= 0 else free}, seed {r.seed}"
             ax.plot(
                 m["frames"] / 1e6,
                 m["episode_return"],
