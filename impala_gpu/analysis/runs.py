@@ -99,6 +99,10 @@ class Run:
         """The overrides its sweep point was run with, from its directory name."""
         return overrides(self.name)
 
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """The config's value at ``dotted`` (``"algo.learning_rate"``), or ``default``."""
+        return _get(self.config, dotted, default)
+
     @property
     def algo(self) -> str:
         return str(_get(self.config, "algo.name", "unknown"))

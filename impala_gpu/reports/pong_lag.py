@@ -28,13 +28,6 @@ from impala_gpu.analysis.summaries import frames_to_threshold
 THRESHOLDS = (-15.0, 0.0, 10.0, 18.0)
 
 
-def _get(run: Run, dotted: str):
-    value = run.config
-    for key in dotted.split("."):
-        value = value.get(key, "?") if isinstance(value, dict) else "?"
-    return value
-
-
 def mean_lag(run: Run) -> float:
     """The mean policy lag (updates) of the run's samples, from ``lag_hist.json``."""
     hist = run.lag_hist
@@ -47,7 +40,7 @@ def mean_lag(run: Run) -> float:
 def lag_label(run: Run) -> str:
     if run.bounded_lag >= 0:
         return str(run.bounded_lag)
-    return f"free, {_get(run, 'num_actors')} actors ({mean_lag(run):.1f})"
+    return f"free, {run.get('num_actors', '?')} actors ({mean_lag(run):.1f})"
 
 
 def row(run: Run) -> dict:
@@ -56,9 +49,9 @@ def row(run: Run) -> dict:
         "run": run.name,
         "lag": lag_label(run),
         "correction": run.correction,
-        "batch": _get(run, "batch_size"),
-        "lr": _get(run, "algo.learning_rate"),
-        "epochs": _get(run, "algo.epochs"),
+        "batch": run.get("batch_size", "?"),
+        "lr": run.get("algo.learning_rate", "?"),
+        "epochs": run.get("algo.epochs", "?"),
         "seed": run.seed,
     }
     for t in THRESHOLDS:
@@ -113,7 +106,7 @@ def figure(runs: list[Run], out: Path, target: float = 18.0) -> None:
                 continue
             m = r.metrics.dropna(subset=["episode_return"])
             style = ("-", "--", ":")[((r.seed or 1) - 1) % 3]
-            free = f"free-running, {_get(r, 'num_actors')} actors, mean lag {mean_lag(r):.1f}"
+            free = f"free-running, {r.get('num_actors', '?')} actors, mean lag {mean_lag(r):.1f}"
             label = f"{f'lag {r.bounded_lag}' if r.bounded_lag >= 0 else free}, seed {r.seed}"
             ax.plot(
                 m["frames"] / 1e6,
@@ -136,7 +129,7 @@ def figure(runs: list[Run], out: Path, target: float = 18.0) -> None:
 
 def matches(run: Run, only: list[str]) -> bool:
     """Whether ``run``'s config holds every ``key=value`` of ``only``."""
-    return all(str(_get(run, k)) == v for k, v in (o.split("=", 1) for o in only))
+    return all(str(run.get(k, "?")) == v for k, v in (o.split("=", 1) for o in only))
 
 
 def main() -> None:
