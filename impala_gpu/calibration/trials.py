@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_gpu.calibration.model import Candidate
-from impala_gpu.config import resolve_bounded_lag
+from impala_gpu.config import with_bounded_lag
 
 TRIAL_START_S = 10.0  # a trial's allowance for spawning actors, beyond the seconds it measures
 
@@ -28,8 +28,7 @@ def trial_config(cfg, c: Candidate, seconds: float):
         cfg, precision=c.precision, num_actors=c.num_actors, envs_per_actor=c.envs_per_actor
     )
     return dataclasses.replace(
-        counts,
-        bounded_lag=resolve_bounded_lag(counts),
+        with_bounded_lag(counts),
         total_frames=10**15,
         max_seconds=seconds + TRIAL_START_S,
         log_interval_s=seconds / 4,

@@ -50,8 +50,8 @@ from impala_gpu.config import (
     auto_keys,
     fresh_batch_size,
     least_bounded_lag,
-    resolve_bounded_lag,
     resolve_device,
+    with_bounded_lag,
 )
 from impala_gpu.envs import env_spec
 from impala_gpu.validate import check_values
@@ -227,14 +227,6 @@ def resolve_auto(cfg, algo: Tunable):
         envs_per_actor=chosen.envs_per_actor,
     )
     return with_bounded_lag(resolved), decision
-
-
-def with_bounded_lag(cfg):
-    """``cfg`` with ``bounded_lag=auto`` replaced by its value for the counts ``cfg`` holds
-    (``config.resolve_bounded_lag``)."""
-    if cfg.bounded_lag != AUTO:
-        return cfg
-    return dataclasses.replace(cfg, bounded_lag=resolve_bounded_lag(cfg))
 
 
 def lag_note(asked, cfg) -> str | None:

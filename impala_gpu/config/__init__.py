@@ -10,6 +10,7 @@ from impala_gpu.config.resolve import (
     resolve_device,
     resolve_num_slots,
     visible_devices,
+    with_bounded_lag,
 )
 from impala_gpu.config.schema import (
     AUTO,
@@ -71,4 +72,5 @@ __all__ = [
     "stop_return",
     "to_container",
     "visible_devices",
+    "with_bounded_lag",
 ]

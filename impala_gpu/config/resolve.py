@@ -4,6 +4,7 @@ and ``auto`` all resolve them here, so they agree."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -105,3 +106,11 @@ def resolve_bounded_lag(cfg: Config) -> int | None:
     if cfg.bounded_lag != AUTO:
         return cfg.bounded_lag
     return None if cfg.runtime == "ray" else least_bounded_lag(cfg)
+
+
+def with_bounded_lag(cfg: Config) -> Config:
+    """``cfg`` with ``bounded_lag=auto`` replaced by ``resolve_bounded_lag`` for the counts
+    ``cfg`` holds (``cfg`` itself when it has no ``auto`` lag)."""
+    if cfg.bounded_lag != AUTO:
+        return cfg
+    return dataclasses.replace(cfg, bounded_lag=resolve_bounded_lag(cfg))
