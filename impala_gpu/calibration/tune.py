@@ -245,7 +245,7 @@ def lag_note(asked, cfg) -> str | None:
             f"warning: bounded_lag={lag} with {sizes}: while the learner computes an update at "
             f"most {free} of the {cfg.num_actors} actors can step; the rest wait for it. Fix: "
             f"bounded_lag=auto ({least} here), or a batch_size of "
-            f"{math.ceil(cfg.num_actors * cfg.envs_per_actor / lag)} for lag {lag}."
+            f"{cfg.envs_per_actor * math.ceil(cfg.num_actors / lag)} for lag {lag}."
         )
     return None
 

@@ -31,6 +31,9 @@ def test_a_fixed_lag_below_the_least_warns_with_the_fix():
     assert note is not None and note.startswith("warning: bounded_lag=1")
     assert "at most 1 of the 4 actors can step" in note
     assert "bounded_lag=auto (4 here)" in note and "batch_size of 64" in note
+    # The batch it suggests holds whole unrolls (bounded_lag needs a multiple of 16 here).
+    lag3 = lag_note(FIXED, dataclasses.replace(FIXED, bounded_lag=3))
+    assert lag3 is not None and "batch_size of 32 for lag 3" in lag3
     assert lag_note(FIXED, dataclasses.replace(FIXED, bounded_lag=4)) is None
     assert lag_note(FIXED, FIXED) is None  # free-running: nothing to say
     assert lag_note(FIXED, dataclasses.replace(FIXED, bounded_lag=0)) is None  # synchronous
