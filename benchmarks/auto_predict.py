@@ -81,7 +81,7 @@ def predict(cfg: Config, cores: int, args, timings_here: dict) -> dict:
         update_s = gpu_update_s(per_sample, steps_per_update(run), sgd_steps, args)
         t = Timings(
             {timing_key(learner): update_s},
-            {k: v for k, v in timings_here["policy_step_s"].items()},
+            timings_here["policy_step_s"],
             timings_here["env_step_s"],
         )
         steps_per_s = IMPALA_COST.predict(c, t, w)
