@@ -166,20 +166,20 @@ def read_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def run_cartpole_and_check_it_learns(tmp_path: Path, *overrides: str) -> Path:
-    """A 60K-frame CartPole IMPALA run (fp32) with ``overrides``: it must end clean (``run_cli``)
-    and get past random play (return > 22). Returns its run folder."""
+def run_cartpole_and_check_it_learns(tmp_path: Path, *overrides: str, frames: int = 60_000) -> Path:
+    """A ``frames``-frame CartPole IMPALA run (fp32) with ``overrides``: it must end clean
+    (``run_cli``) and get past random play (return > 22). Returns its run folder."""
     run_dir = tmp_path / "run"
     run_cli(
         run_dir,
         "experiment=cartpole_impala",
         *overrides,
         "precision=fp32",
-        "total_frames=60000",
+        f"total_frames={frames}",
         "log_interval_s=1",
     )
     metrics = read_metrics(run_dir)
-    assert metrics[-1]["frames"] >= 60_000
+    assert metrics[-1]["frames"] >= frames
     assert metrics[-1]["episode_return"] > 22, f"no learning at all with {' '.join(overrides)}"
     return run_dir
 

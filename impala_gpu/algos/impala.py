@@ -288,6 +288,9 @@ def learn(
             if progress.version % cfg.publish_interval == 0:
                 data.publisher.publish(learner.model, progress.version)  # no device sync
 
+            # Episodes enter the telemetry here only, so the line a target_return stop logs
+            # shows the same last-100 mean the stop was judged on.
+            data.pool.drain()
             now = time.perf_counter()
             done = stop.done(progress.frames, tele, now)
             if log_now or done:
@@ -374,7 +377,6 @@ def log_metrics(
 ) -> dict[str, Any]:
     """One metrics line: the telemetry window, the actors' counters, the ring, health."""
     progress, tele = run.progress, run.tele
-    data.pool.drain()
     window_s = max(time.perf_counter() - tele.window.start, 1e-9)
     m, hist = tele.flush()
     counters = data.handles.counters.numpy().copy()
