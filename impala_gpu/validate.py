@@ -102,7 +102,13 @@ def validate_sample_reuse(cfg: Config) -> None:
         algo.ppo_reference in PPO_REFERENCES,
         f"algo.ppo_reference={algo.ppo_reference!r} is not one of {PPO_REFERENCES}. Fix: "
         "algo.ppo_reference=first_visit (clip against the policy that first trained on the "
-        "trajectory) or behavior (against the actor's policy).",
+        "trajectory), target (against a copy of the learner refreshed every "
+        "algo.target_interval updates) or behavior (against the actor's policy).",
+    )
+    _require(
+        isinstance(algo.target_interval, int) and algo.target_interval >= 1,
+        f"algo.target_interval={algo.target_interval!r} must be an integer >= 1 (updates "
+        "between refreshes of ppo_reference=target's copy). Fix: algo.target_interval=1.",
     )
     if algo.epochs > 1 or algo.minibatches > 1:
         _require(

@@ -64,6 +64,8 @@ class AlgoCfg:
     minibatches: int = 1  # each pass splits the batch's B trajectories into this many steps
     ppo_clip: float = 0.0  # > 0: PPO's clipped surrogate on pi/mu with V-trace targets (APPO)
     ppo_reference: str = "behavior"  # ppo_clip's ratio to: mu (behavior) | pi at first_visit
+    # | target: IMPACT's target network, a copy of the learner refreshed every target_interval
+    target_interval: int = 1  # ppo_reference=target: updates between the target's refreshes
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
     optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam
     learning_rate: float = 6e-4  # initial learning rate

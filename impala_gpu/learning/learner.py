@@ -184,7 +184,7 @@ def batch_loss(
 
 
 def forward_with_bootstrap(
-    model: nn.Module, batch: Batch, precision: str
+    model: Callable[..., PolicyOutput], batch: Batch, precision: str
 ) -> tuple[PolicyOutput, PolicyOutput]:
     """The policy on steps ``0..T-1`` of ``batch`` (``[T, B]``, with gradient) and on the
     bootstrap observation ``o_T`` (``[1, B]``, without: V-trace uses ``V(o_T)`` as a constant
@@ -251,6 +251,45 @@ class NonfiniteGuard:
         )
 
 
+@dataclass
+class TargetNetwork:
+    """IMPACT's target network (Luo et al., 2020, "IMPACT: Importance Weighted Asynchronous
+    Architectures with Clipped Target Networks"): the learner's weights and buffers as they were
+    at its last refresh, every ``interval`` updates. With ``algo.ppo_reference=target`` the
+    clip's ratio is pi / pi_target, weighted by min(rho-bar, pi_target / mu), so a batch
+    several updates stale is clipped against a policy nearer its actors' than the learner's.
+    A snapshot run through the learner's own module (``functional_call``), not a second
+    module: it holds no optimizer state and follows ``model.compile``."""
+
+    interval: int
+    state: dict[str, Tensor] | None = None
+    age: int = 0  # updates since the last refresh
+
+    def logits(self, model: nn.Module, batch: Batch, precision: str) -> Tensor:
+        """The target's logits on every step of ``batch`` (``[T+1, B, A]``, float32, no
+        gradient), refreshed from ``model`` first when ``interval`` updates have passed (and
+        at the first update, a resumed run's included)."""
+        if self.state is None or self.age >= self.interval:
+            self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.age = 0
+        self.age += 1
+        state = self.state
+
+        def target(*args: Any) -> PolicyOutput:
+            return torch.func.functional_call(model, state, args)
+
+        with torch.no_grad():
+            out, bootstrap = forward_with_bootstrap(target, batch, precision)
+        return torch.cat([out.logits, bootstrap.logits]).float()
+
+
+def target_network(algo: AlgoCfg) -> TargetNetwork | None:
+    """The target network ``algo`` clips against, if any (``ppo_reference=target``)."""
+    if algo.ppo_clip > 0 and algo.ppo_reference == "target":
+        return TargetNetwork(algo.target_interval)
+    return None
+
+
 class Parallel(Protocol):
     """What an update uses of its learner rank's place in ``learners=N``
     (``learning.distributed.Ranks``). A protocol, not an import: ``distributed`` builds its
@@ -292,9 +331,11 @@ class Learner:
     absorbs_input_stats: bool = True  # False: the statistics are someone else's (A3C)
     replays: bool = False  # batches mix in replayed trajectories (replay.capacity > 0)
     loss_options: LossOptions = field(init=False)  # loss_options(algo), built once
+    target: TargetNetwork | None = field(init=False)  # ppo_reference=target's anchor
 
     def __post_init__(self) -> None:
         self.loss_options = loss_options(self.algo)
+        self.target = target_network(self.algo)
 
     def update(self, batch: Batch | None) -> Tensor:
         """One update on ``batch`` (step fields ``[T+1, B]``; None on a rank > 0 of
@@ -320,8 +361,11 @@ class Learner:
     ) -> Tensor:
         """``update``'s epochs of minibatches on ``batch``; their mean stats."""
         algo, B = self.algo, batch.obs.shape[1]
+        targets = None  # [T+1, B, A]: the target network's logits, for the whole update
+        if self.target is not None:
+            targets = self.target.logits(self.model, batch, self.precision)
         if algo.epochs == 1 and algo.minibatches == 1:
-            return self.sgd_step(batch, None, scale, reduce)[0]
+            return self.sgd_step(batch, targets, scale, reduce)[0]
         # first_visit: each trajectory's logits when the first epoch trained on it (the clip's
         # anchor, so its ratio starts at 1 whatever the actor's lag).
         first_visit = algo.ppo_clip > 0 and algo.ppo_reference == "first_visit"
@@ -332,7 +376,9 @@ class Learner:
             order = torch.randperm(B, device=batch.obs.device)
             for index in order.tensor_split(algo.minibatches):  # chunk() may give fewer
                 reference = None
-                if anchors is not None and epoch > 0:
+                if targets is not None:
+                    reference = targets.index_select(1, index)
+                elif anchors is not None and epoch > 0:
                     reference = anchors.index_select(1, index)
                 stats, logits = self.sgd_step(minibatch(batch, index), reference, scale, reduce)
                 if anchors is not None and epoch == 0:

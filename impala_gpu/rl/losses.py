@@ -143,7 +143,7 @@ def discounts_from_terminated(terminated_t: torch.Tensor, gamma: float) -> torch
     return gamma * (~terminated_t.bool()).float()
 
 
-PPO_REFERENCES = ("behavior", "first_visit")  # algo.ppo_reference
+PPO_REFERENCES = ("behavior", "first_visit", "target")  # algo.ppo_reference
 
 
 def impala_loss(

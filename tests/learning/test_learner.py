@@ -90,7 +90,58 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
             assert not torch.allclose(logits[:, j], first[float(k)])  # the weights moved
 
 
-@pytest.mark.parametrize("reference", ["behavior", "first_visit"])
+def _weights(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_target_network_holds_its_snapshot_for_interval_updates(monkeypatch) -> None:
+    calls = spy_steps(monkeypatch)
+    algo = AlgoCfg(
+        optimizer="adam",
+        learning_rate=1e-2,
+        reduction="mean",
+        minibatches=2,
+        ppo_clip=0.1,
+        ppo_reference="target",
+        target_interval=3,
+    )
+    model = make_model()
+    lrn, batch = sgd(model, algo), make_batch()
+    snapshots = []  # the model's own logits on the batch before each update
+    for _ in range(5):
+        with torch.no_grad():
+            out = model(batch.obs, batch.first, batch.core_state)
+        snapshots.append(out.logits)
+        lrn.update(batch)
+    anchors = [ref for key, ref, *_ in calls]  # [T+1, B/2, A] per step, 2 steps per update
+    keys = [key for key, *_ in calls]
+    for update, refreshed in enumerate([0, 0, 0, 3, 3]):
+        for step in (2 * update, 2 * update + 1):
+            index = [int((batch.obs[0, :, 0] == k).nonzero()) for k in keys[step]]
+            torch.testing.assert_close(anchors[step], snapshots[refreshed][:, index])
+    assert not torch.allclose(snapshots[0], snapshots[2])  # the learner moved meanwhile
+
+
+def test_a_target_refreshed_every_update_is_the_first_visit_anchor_of_one_step() -> None:
+    weights = []
+    for reference in ("first_visit", "target"):
+        algo = AlgoCfg(
+            optimizer="adam",
+            learning_rate=1e-2,
+            reduction="mean",
+            normalize_advantages=True,
+            ppo_clip=0.1,
+            ppo_reference=reference,
+        )
+        model = make_model()
+        lrn, batch = sgd(model, algo), make_batch()
+        for _ in range(3):
+            lrn.update(batch)
+        weights.append(_weights(model))
+    torch.testing.assert_close(weights[0], weights[1])
+
+
+@pytest.mark.parametrize("reference", ["behavior", "first_visit", "target"])
 def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, reference) -> None:
     calls = spy_steps(monkeypatch)
     algo = AlgoCfg(
@@ -118,6 +169,8 @@ def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, refer
         (AlgoCfg(minibatches=7), r"algo.minibatches=7 is more than the 6 trajectories.*Fix"),
         (AlgoCfg(ppo_clip=-0.1), r"algo.ppo_clip=-0.1 must be >= 0.*Fix"),
         (AlgoCfg(name="a3c", epochs=4), r"sample reuse is IMPALA's.*Fix"),
+        (AlgoCfg(ppo_reference="target", target_interval=0), r"target_interval=0 must be.*Fix"),
+        (AlgoCfg(ppo_reference="lagged"), r"ppo_reference='lagged' is not one of.*Fix"),
     ],
 )
 def test_impossible_sample_reuse_is_refused(algo: AlgoCfg, match: str) -> None:

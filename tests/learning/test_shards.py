@@ -93,7 +93,8 @@ def test_a_sharded_lstm_step_carries_each_trajectorys_core_state(threads) -> Non
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
 
 
-def test_sample_reuse_with_first_visit_anchors_matches_unsharded(threads) -> None:
+@pytest.mark.parametrize("reference", ["first_visit", "target"])
+def test_sample_reuse_with_anchors_matches_unsharded(threads, reference) -> None:
     algo = AlgoCfg(
         optimizer="adam",
         learning_rate=1e-2,
@@ -102,7 +103,7 @@ def test_sample_reuse_with_first_visit_anchors_matches_unsharded(threads) -> Non
         epochs=2,
         minibatches=2,
         ppo_clip=0.1,
-        ppo_reference="first_visit",
+        ppo_reference=reference,
     )
     weights = []
     for shards in (None, threads(2)):
