@@ -24,7 +24,7 @@ from torch import Tensor
 
 from impala_gpu.acting.actor import ACTOR_IDLE_NS, ACTOR_STEPS, ActorHandles
 from impala_gpu.acting.pool import ActorPool, Pool, PoolSetup
-from impala_gpu.calibration import measured_alternatives
+from impala_gpu.calibration import cpu_model, measured_alternatives
 from impala_gpu.calibration.hint import diagnose
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.publisher import ParamPublisher
@@ -210,6 +210,7 @@ def announce_start(run: Run, cfg: Config, device: torch.device, threads: int) ->
             "actors": cfg.num_actors,
             "envs_per_actor": cfg.envs_per_actor,
             "runtime": cfg.runtime,
+            "cpu_model": cpu_model(),  # every figure a run gives is this CPU's
         }
     )
     say(

@@ -22,6 +22,7 @@ import yaml
 from leakcheck import processes_with_marker
 
 from impala_gpu.analysis.atari5 import ATARI5_ENV_IDS
+from impala_gpu.calibration import cpu_model
 from impala_gpu.envs import validate_env_id
 
 pytestmark = pytest.mark.slow
@@ -65,4 +66,5 @@ def test_the_default_command_starts_steps_and_logs(env_id: str, tmp_path: Path) 
     n = minimal_actions(env_id)
     assert 0.5 * math.log(n) < last["entropy"] <= math.log(n) + 1e-4, (n, last["entropy"])
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert any(e.get("event") == "start" for e in events)
+    start = next(e for e in events if e.get("event") == "start")
+    assert start["cpu_model"] == cpu_model()  # the report's CPU column reads it
