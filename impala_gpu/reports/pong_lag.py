@@ -5,10 +5,11 @@
 
 One row per run: the exact lag (``bounded_lag``; ``free, N actors`` when none was imposed,
 with the mean lag its histogram measured), the correction, the batch and learning rate, the
-seed, the frames at which the mean return (last 100 games) first reached each threshold, or
-the return where the run ended, and three health signals over the run: the median policy
-entropy, logit spread and mean |log rho| of its log windows. The figure draws return against
-frames, one panel per correction and one colour per lag (``--figure-only`` picks its runs).
+clip's anchor and the policy gradient's rho-bar, the seed, the frames at which the mean return
+(last 100 games) first reached each threshold, or the return where the run ended, and three
+health signals over the run: the median policy entropy, logit spread and mean |log rho| of its
+log windows. The figure draws return against frames, one panel per correction and one colour
+per lag (``--figure-only`` picks its runs).
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def lag_label(run: Run) -> str:
     return f"free, {run.get('num_actors', '?')} actors ({mean_lag(run):.1f})"
 
 
+def anchor_label(run: Run) -> str:
+    """The clip's anchor: ``first_visit``, ``behavior`` or ``target/N`` (IMPACT's target
+    network, refreshed every N updates)."""
+    reference = str(run.get("algo.ppo_reference", "?"))
+    if reference == "target":
+        return f"target/{run.get('algo.target_interval', '?')}"
+    return reference
+
+
 def row(run: Run) -> dict:
     m = run.metrics
     out = {
@@ -52,6 +62,8 @@ def row(run: Run) -> dict:
         "batch": run.get("batch_size", "?"),
         "lr": run.get("algo.learning_rate", "?"),
         "epochs": run.get("algo.epochs", "?"),
+        "anchor": anchor_label(run),
+        "pg rho-bar": run.get("algo.clip_pg_rho_threshold", "?"),
         "seed": run.seed,
     }
     for t in THRESHOLDS:
@@ -77,11 +89,11 @@ def _lag_key(r: dict) -> float:
 
 
 def markdown(df: pd.DataFrame) -> str:
-    head = ["run", "lag", "correction", "batch", "lr", "epochs", "seed"]
-    head += [f"to {t:g}" for t in THRESHOLDS] + ["end", "entropy", "spread", "abs log rho"]
+    spec = ["run", "lag", "correction", "batch", "lr", "epochs", "anchor", "pg rho-bar", "seed"]
+    head = spec + [f"to {t:g}" for t in THRESHOLDS] + ["end", "entropy", "spread", "abs log rho"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in df.iterrows():
-        cells = [str(r[k]) for k in head[:7]]
+        cells = [str(r[k]) for k in spec]
         cells += [_frames(r[f"to {t:g}"]) for t in THRESHOLDS] + [r["end"]]
         cells += [f"{r[k]:.2f}" for k in ("entropy", "logit_spread", "mean_abs_log_rho")]
         lines.append("| " + " | ".join(cells) + " |")

@@ -12,7 +12,9 @@ from impala_gpu.analysis import load_run
 from impala_gpu.reports import pong_lag as report
 
 
-def make_run(root: Path, name: str, lag, correction: str, returns: list[float], hist) -> Path:
+def make_run(
+    root: Path, name: str, lag, correction: str, returns: list[float], hist, **algo
+) -> Path:
     run = root / name
     run.mkdir(parents=True)
     config = {
@@ -20,7 +22,15 @@ def make_run(root: Path, name: str, lag, correction: str, returns: list[float], 
         "num_actors": 4,
         "batch_size": 16,
         "bounded_lag": lag,
-        "algo": {"name": "impala", "correction": correction, "learning_rate": 2.5e-4, "epochs": 2},
+        "algo": {
+            "name": "impala",
+            "correction": correction,
+            "learning_rate": 2.5e-4,
+            "epochs": 2,
+            "ppo_reference": "first_visit",
+            "clip_pg_rho_threshold": 1.0,
+            **algo,
+        },
     }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     lines = [
@@ -49,7 +59,13 @@ def test_table_rows_thresholds_and_free_running_lag(tmp_path):
     assert f4["lag"] == "free, 4 actors (3.5)"  # (1*2 + 3*4) / 4
     assert math.isnan(f4["to 0"]) and f4["end"] == "-14.0 at 1.00M"
     text = report.markdown(df)
-    assert "| K8 | 8 | none | 16 | 0.00025 | 2 | 1 | 1.00M | 1.50M | 2.00M | 2.00M |" in text
+    assert "| K8 | 8 | none | 16 | 0.00025 | 2 | first_visit | 1.0 | 1 | 1.00M | 1.50M |" in text
+
+
+def test_the_anchor_column_names_a_target_network_and_its_interval(tmp_path):
+    hist = {"bins": [8], "counts": [1]}
+    run = make_run(tmp_path, "T", 8, "none", [-20], hist, ppo_reference="target", target_interval=2)
+    assert report.table([load_run(run)]).iloc[0]["anchor"] == "target/2"
 
 
 def test_figure_draws_the_chosen_runs(tmp_path):
