@@ -166,9 +166,13 @@ def read_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def run_cartpole_and_check_it_learns(tmp_path: Path, *overrides: str, frames: int = 60_000) -> Path:
+def run_cartpole_and_check_it_learns(
+    tmp_path: Path, *overrides: str, frames: int = 100_000
+) -> Path:
     """A ``frames``-frame CartPole IMPALA run (fp32) with ``overrides``: it must end clean
-    (``run_cli``) and get past random play (return > 22). Returns its run folder."""
+    (``run_cli``) and get past random play (return > 22). Returns its run folder. At 60K
+    frames two learners or two shards with normalised advantages ended at 21-44 on a quiet
+    box, too near the bar; at 100K, 37-54."""
     run_dir = tmp_path / "run"
     run_cli(
         run_dir,
@@ -180,7 +184,8 @@ def run_cartpole_and_check_it_learns(tmp_path: Path, *overrides: str, frames: in
     )
     metrics = read_metrics(run_dir)
     assert metrics[-1]["frames"] >= frames
-    assert metrics[-1]["episode_return"] > 22, f"no learning at all with {' '.join(overrides)}"
+    ret = metrics[-1]["episode_return"]
+    assert ret > 22, f"no learning at all with {' '.join(overrides)}: return {ret}"
     return run_dir
 
 
