@@ -60,13 +60,17 @@ def spy_steps(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor | None, torc
     return calls
 
 
+def flat_weights(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
 def test_one_pass_one_minibatch_is_one_sgd_step() -> None:
     algo = AlgoCfg(optimizer="adam", learning_rate=1e-2, reduction="mean")
     weights = []
     for update in (lambda lrn, b: lrn.sgd_step(b), lambda lrn, b: lrn.update(b)):
         model = make_model()
         update(sgd(model, algo), make_batch())
-        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        weights.append(flat_weights(model))
     torch.testing.assert_close(weights[0], weights[1])
 
 
@@ -88,10 +92,6 @@ def test_first_visit_anchors_each_trajectory_at_its_first_epoch_logits(monkeypat
         for j, k in enumerate(key):
             torch.testing.assert_close(reference[:, j], first[float(k)])
             assert not torch.allclose(logits[:, j], first[float(k)])  # the weights moved
-
-
-def _weights(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def test_target_network_holds_its_snapshot_for_interval_updates(monkeypatch) -> None:
@@ -137,7 +137,7 @@ def test_a_target_refreshed_every_update_is_the_first_visit_anchor_of_one_step()
         lrn, batch = sgd(model, algo), make_batch()
         for _ in range(3):
             lrn.update(batch)
-        weights.append(_weights(model))
+        weights.append(flat_weights(model))
     torch.testing.assert_close(weights[0], weights[1])
 
 
