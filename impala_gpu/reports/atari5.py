@@ -21,6 +21,10 @@ one per game; the game is the config's ``env.id``. Per game:
 
 The estimate needs all five games; with fewer it says which are missing. The protocol each run
 used (sticky actions, action set, lives, no-ops, frame skip) is printed from its config.
+
+``--published results/atari5/published.csv`` adds a table of ours beside published figures
+(one CSV row per column: its budget, sticky actions, source, and a score per game, empty where
+none is published), with the Atari-5 estimate of every column that has all five games.
 """
 
 from __future__ import annotations
@@ -76,6 +80,38 @@ class GameRun:
     @property
     def frames_per_s(self) -> float:
         return self.frames / self.elapsed_s if self.elapsed_s > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class Published:
+    """One column of published scores: some of the five games, at one budget."""
+
+    column: str  # the heading, e.g. "PPO, 40M frames"
+    budget_frames: float
+    sticky_actions: str
+    source: str
+    scores: dict[str, float]  # game key -> raw score; games not published are absent
+
+
+def load_published(path: str | Path) -> list[Published]:
+    """The columns of ``path`` (a CSV: ``column, budget_frames, sticky_actions, source`` and
+    one cell per game key, empty where nothing is published). Raises ValueError naming
+    missing CSV columns."""
+    table = pd.read_csv(path, dtype={"sticky_actions": str, "column": str, "source": str})
+    missing = {"column", "budget_frames", "sticky_actions", "source"} | {g.key for g in ATARI5}
+    missing -= set(table.columns)
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(sorted(missing))} column (see --help)")
+    return [
+        Published(
+            column=row["column"],
+            budget_frames=float(row["budget_frames"]),
+            sticky_actions=row["sticky_actions"],
+            source=row["source"],
+            scores={g.key: float(row[g.key]) for g in ATARI5 if pd.notna(row[g.key])},
+        )
+        for _, row in table.iterrows()
+    ]
 
 
 def resumed_lineage(df: pd.DataFrame) -> pd.DataFrame:
@@ -220,6 +256,40 @@ def report(runs: list[GameRun], budget: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _score_cell(game: Atari5Game, score: float | None) -> str:
+    if score is None:
+        return "not published"
+    return f"{score:,.1f} ({human_normalized(game.key, score):.1f}%)"
+
+
+def _estimate_cell(scores: dict[str, float]) -> str:
+    missing = [g.title for g in ATARI5 if g.key not in scores]
+    if missing:
+        return f"– (no {', '.join(missing)})"
+    return f"**{atari5_median_estimate(scores):.1f}%**"
+
+
+def comparison(runs: list[GameRun], published: list[Published], budget: float) -> str:
+    """The Markdown: our score (HNS) per game beside each published column's, the Atari-5
+    estimate of every column with all five games, then each column's budget and source."""
+    ours = {r.game.key: r.score for r in runs}
+    columns = [f"ours, {budget / 1e6:g}M frames", *(p.column for p in published)]
+    lines = ["| game | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for g in ATARI5:
+        cells = [_score_cell(g, ours.get(g.key)) if g.key in ours else "–"]
+        cells += [_score_cell(g, p.scores.get(g.key)) for p in published]
+        lines.append(f"| {g.title} | " + " | ".join(cells) + " |")
+    estimates = [_estimate_cell(ours), *(_estimate_cell(p.scores) for p in published)]
+    lines.append("| **Atari-5 estimate** | " + " | ".join(estimates) + " |")
+    lines.append("")
+    for p in published:
+        lines.append(
+            f"- **{p.column}**: {p.budget_frames / budget:g}× our budget, sticky actions "
+            f"{p.sticky_actions}. {p.source}."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def figure(runs: list[GameRun], budget: float, out: Path, title: str) -> None:
     """One panel per game: mean score of the last 100 games against frames, with the random
     and human scores the normalisation uses as dashed lines."""
@@ -270,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", help="write the five curves here")
     p.add_argument("--md", help="also write the Markdown here")
     p.add_argument("--title", default="")
+    p.add_argument("--published", help="a CSV of published scores to set ours beside")
     p.add_argument(
         "--stamp", action="store_true", help="write machine.json (this CPU) into each run dir"
     )
@@ -280,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         runs = [summarize(run, args.budget) for run in args.runs]
-    except ValueError as e:
+        published = load_published(args.published) if args.published else []
+    except (ValueError, OSError) as e:
         print(f"atari5: {e}", file=sys.stderr)
         return 2
     seen: dict[str, Path] = {}
@@ -293,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         seen[r.game.key] = r.path
     text = report(runs, args.budget)
+    if published:
+        text += "\nOurs beside published figures:\n\n" + comparison(runs, published, args.budget)
     print(text, end="")
     if args.md:
         Path(args.md).write_text(text)

@@ -151,3 +151,45 @@ def test_stamp_writes_this_machines_cpu_once(tmp_path: Path) -> None:
     report.main(["--stamp", str(run)])
     assert report.machine(run)[0] == "kept"
     assert not math.isnan(report.summarize(run, 1e6).frames_per_s)
+
+
+CSV_HEADER = "column,budget_frames,sticky_actions,source," + ",".join(g.key for g in ATARI5)
+PUBLISHED_CSV = f"""{CSV_HEADER}
+"PPO, 40M frames",40e6,none,"A paper, Table 6",17366.7,-14.9,6254.9,,14293.3
+"All five, 20M",20e6,0.25,"A benchmark page",20000,-10,6000,5000,9000
+"""
+
+
+def test_published_columns_beside_ours_with_their_estimates(tmp_path: Path, capsys) -> None:
+    runs = five_runs(tmp_path / "runs")
+    csv = tmp_path / "published.csv"
+    csv.write_text(PUBLISHED_CSV)
+    assert report.main([*map(str, runs), "--published", str(csv)]) == 0
+    text = capsys.readouterr().out.split("Ours beside published figures:")[1]
+    assert "| game | ours, 10M frames | PPO, 40M frames | All five, 20M |" in text
+    full = {"battlezone": 20000, "doubledunk": -10, "namethisgame": 6000, "phoenix": 5000,
+            "qbert": 9000}  # fmt: skip
+    ours, theirs = atari5_median_estimate(FINAL), atari5_median_estimate(full)
+    assert f"| **{ours:.1f}%** | – (no Phoenix) | **{theirs:.1f}%** |" in text
+    phoenix = next(ln for ln in text.splitlines() if ln.startswith("| Phoenix |"))
+    assert "| not published |" in phoenix and "5,000.0 (65.4%)" in phoenix
+    assert "- **PPO, 40M frames**: 4× our budget, sticky actions none. A paper, Table 6." in text
+    assert "- **All five, 20M**: 2× our budget, sticky actions 0.25." in text
+
+
+def test_a_published_csv_without_a_game_column_is_refused(tmp_path: Path, capsys) -> None:
+    run = make_run(tmp_path, "ALE/Qbert-v5", curve(10.0, [0, 1e6]))
+    csv = tmp_path / "published.csv"
+    csv.write_text(CSV_HEADER.replace(",phoenix", "") + '\n"PPO",4e7,none,"A paper",1,2,3,4\n')
+    assert report.main([str(run), "--published", str(csv)]) == 2
+    assert "no phoenix column" in capsys.readouterr().err
+
+
+def test_the_archived_published_figures_name_a_source_and_a_budget() -> None:
+    root = Path(__file__).resolve().parents[2]
+    columns = report.load_published(root / "results" / "atari5" / "published.csv")
+    assert len(columns) >= 3
+    for p in columns:
+        assert p.budget_frames > 0 and len(p.source) > 20 and p.scores, p.column
+        for key, score in p.scores.items():
+            assert math.isfinite(human_normalized(key, score)), (p.column, key)
