@@ -110,6 +110,16 @@ def validate_sample_reuse(cfg: Config) -> None:
         f"algo.target_interval={algo.target_interval!r} must be an integer >= 1 (updates "
         "between refreshes of ppo_reference=target's copy). Fix: algo.target_interval=1.",
     )
+    if algo.behavior_clip is not None:
+        _require(
+            algo.behavior_clip > 0 and algo.ppo_clip > 0 and algo.ppo_reference != "behavior",
+            f"algo.behavior_clip={algo.behavior_clip} with ppo_clip={algo.ppo_clip}, "
+            f"ppo_reference={algo.ppo_reference}: it bounds pi/mu beside a clip anchored at the "
+            "learner's own logits, so it needs a bound > 0, ppo_clip > 0 and ppo_reference="
+            "first_visit or target (with the behavior reference, ppo_clip already bounds pi/mu). "
+            "Fix: algo.behavior_clip=null, or e.g. algo.behavior_clip=0.5 algo.ppo_clip=0.1 "
+            "algo.ppo_reference=first_visit.",
+        )
     if algo.epochs > 1 or algo.minibatches > 1:
         _require(
             algo.name in ("impala", "impala_nocorrection"),

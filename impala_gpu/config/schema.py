@@ -66,6 +66,9 @@ class AlgoCfg:
     ppo_reference: str = "behavior"  # ppo_clip's ratio to: mu (behavior) | pi at first_visit
     # | target: IMPACT's target network, a copy of the learner refreshed every target_interval
     target_interval: int = 1  # ppo_reference=target: updates between the target's refreshes
+    # With first_visit or target: no gradient from a step whose pi/mu already left
+    # [1 - c, 1 + c] in its advantage's direction (a trust region around the actor's policy)
+    behavior_clip: float | None = None
     reduction: str = "sum"  # sum (the paper, TorchBeast) | mean: how loss terms are reduced
     optimizer: str = "rmsprop"  # rmsprop (PyTorch's) | rmsprop_tf (TF's: the paper's) | adam
     learning_rate: float = 6e-4  # initial learning rate

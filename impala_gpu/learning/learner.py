@@ -44,6 +44,7 @@ STAT_NAMES = (
     "grad_norm",
     "clipped_rho_fraction",
     "clipped_pg_rho_fraction",
+    "behavior_clipped_fraction",
     "mean_rho",
     "mean_abs_log_rho",
     "kl_behavior_target",

@@ -33,6 +33,7 @@ _CHARTS = {
 _LOSSES = {
     "total_loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy", "mean_rho",
     "mean_abs_log_rho", "kl_behavior_target", "clipped_rho_fraction", "clipped_pg_rho_fraction",
+    "behavior_clipped_fraction",
 }  # fmt: skip
 _HEALTH = {"logit_spread", "grad_norm", "nonfinite"}
 _HEALTH_PREFIXES = ("dead/", "grad_norm/")

@@ -85,6 +85,9 @@ class LossOptions:
     # > 0: PPO's clipped surrogate (``ppo_objective``) in place of the policy gradient, the
     # trust region that lets one batch serve several SGD steps (``algo.epochs``).
     ppo_clip: float = 0.0
+    # With a reference anchor: no gradient from a step whose pi/mu already left
+    # [1 - behavior_clip, 1 + behavior_clip] in its advantage's direction (``behavior_trust``).
+    behavior_clip: float | None = None
 
     def __post_init__(self) -> None:
         if self.reduction not in _REDUCTIONS:
@@ -114,6 +117,8 @@ class LossOutput:
     """Fraction of valid steps whose true rho exceeds ``clip_rho_threshold``."""
     clipped_pg_rho_fraction: torch.Tensor
     """Fraction of valid steps whose true rho exceeds ``clip_pg_rho_threshold``."""
+    behavior_clipped_fraction: torch.Tensor
+    """Fraction of valid steps ``behavior_clip`` silenced (0 without it)."""
     mean_rho: torch.Tensor
     """Mean true importance ratio pi/mu over valid steps (1.0 when on-policy)."""
     mean_abs_log_rho: torch.Tensor
@@ -269,7 +274,8 @@ def ppo_objective(
     (APPO), or ``reference_log_probs_t`` (IMPACT's target network) with each step weighted by
     the truncated ratio ``min(pg rho-bar, pi_ref / mu)``. An actor's policy is already several
     SGD steps behind when its data arrives, so a ratio to it starts outside the trust region
-    and clipping silences those steps; the reference starts inside it."""
+    and clipping silences those steps; the reference starts inside it. With
+    ``options.behavior_clip``, steps :func:`behavior_trust` marks give no gradient."""
     if reference_log_probs_t is None:
         anchor, weights = mu_log_probs_t, None
     else:
@@ -279,7 +285,26 @@ def ppo_objective(
     # the gradient through exp() even where the sum masks it out.
     log_ratio = torch.where(valid, pi_log_probs_t - anchor, torch.zeros_like(anchor))
     surrogate = clipped_surrogate(log_ratio, advantages_t, options.ppo_clip)
+    if options.behavior_clip is not None:
+        log_rhos = pi_log_probs_t.detach() - mu_log_probs_t
+        trust = behavior_trust(log_rhos, advantages_t, options.behavior_clip)
+        weights = trust if weights is None else weights * trust
     return surrogate if weights is None else weights * surrogate
+
+
+@torch.no_grad()
+def behavior_trust(
+    log_rhos_t: torch.Tensor, advantages_t: torch.Tensor, bound: float
+) -> torch.Tensor:
+    """``[T, B] -> [T, B]``: 0 where ``rho = pi/mu = exp(log_rhos_t)`` has already left
+    ``[1 - bound, 1 + bound]`` in the direction the step's advantage pushes it (above with
+    ``A > 0``, below with ``A < 0``), 1 elsewhere. PPO's clip, relative to the actor's policy
+    and loose: the first-visit anchor bounds each update's move, not the sum of the moves
+    since the actor acted, so a stale advantage would go on pushing pi past where its
+    evidence was gathered."""
+    rhos = torch.exp(log_rhos_t)
+    past = ((advantages_t > 0) & (rhos > 1.0 + bound)) | ((advantages_t < 0) & (rhos < 1.0 - bound))
+    return (~past).to(advantages_t.dtype)
 
 
 def value_term(vs_t: torch.Tensor, values_t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -406,9 +431,14 @@ def _diagnostics(
             return torch.zeros((), device=rhos.device)
         return valid_mean((rhos > threshold).float())
 
+    behavior_clipped = torch.zeros((), device=rhos.device)
+    if options.behavior_clip is not None and options.ppo_clip > 0:
+        trust = behavior_trust(true_log_rhos, pg_advantages, options.behavior_clip)
+        behavior_clipped = valid_mean(1.0 - trust)
     return {
         "clipped_rho_fraction": clipped_fraction(options.clip_rho_threshold),
         "clipped_pg_rho_fraction": clipped_fraction(options.clip_pg_rho_threshold),
+        "behavior_clipped_fraction": behavior_clipped,
         "mean_rho": valid_mean(rhos),
         "mean_abs_log_rho": valid_mean(true_log_rhos.abs()),
         "kl_behavior_target": valid_mean(kl_t),

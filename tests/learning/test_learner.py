@@ -171,6 +171,9 @@ def test_epochs_times_minibatches_steps_over_every_trajectory(monkeypatch, refer
         (AlgoCfg(name="a3c", epochs=4), r"sample reuse is IMPALA's.*Fix"),
         (AlgoCfg(ppo_reference="target", target_interval=0), r"target_interval=0 must be.*Fix"),
         (AlgoCfg(ppo_reference="lagged"), r"ppo_reference='lagged' is not one of.*Fix"),
+        (AlgoCfg(ppo_clip=0.1, behavior_clip=0.5), r"behavior_clip=0.5 .*behavior: .*Fix"),
+        (AlgoCfg(behavior_clip=0.5, ppo_reference="first_visit"), r"ppo_clip=0.0.*Fix"),
+        (AlgoCfg(ppo_clip=0.1, ppo_reference="target", behavior_clip=0), r"bound > 0.*Fix"),
     ],
 )
 def test_impossible_sample_reuse_is_refused(algo: AlgoCfg, match: str) -> None:

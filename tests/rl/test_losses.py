@@ -12,6 +12,7 @@ from impala_gpu.rl import vtrace
 from impala_gpu.rl.losses import (
     LossOptions,
     LossOutput,
+    behavior_trust,
     discounts_from_terminated,
     impala_loss,
     ppo_objective,
@@ -631,3 +632,38 @@ def test_ppo_objective_anchored_at_the_behaviour_as_a_reference_is_appos() -> No
         impact = ppo_objective(pi, mu, advantages, valid, options, mu)
         torch.testing.assert_close(impact[valid], weight * appo[valid])
         assert impact[2, 1] == 0
+
+
+def test_behavior_trust_marks_only_steps_pushed_past_the_bound() -> None:
+    rho = torch.tensor([[2.0, 2.0, 0.4, 0.4, 1.2, 0.8]])
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0, 1.0, -1.0]])
+    trust = behavior_trust(torch.log(rho), adv, 0.5)
+    # Past 1.5 with A > 0 and below 0.5 with A < 0: silenced. Past it the other way (the
+    # gradient pulls back towards mu) or inside the bound: kept.
+    assert trust.tolist() == [[0.0, 1.0, 0.0, 1.0, 1.0, 1.0]]
+
+
+def test_behavior_clip_silences_stale_pushes_and_keeps_the_rest() -> None:
+    # First-visit anchor (reference = pi): the gradient is the truncated-IS one, except at
+    # the steps behavior_trust marks, which give none; the fraction logged is theirs.
+    batch = make_batch(18, T=6, B=4)
+    reference = batch["target_logits_t"].detach().clone()
+    grads, outs = [], []
+    for bound in (None, 0.3):
+        b = clone_batch(batch)
+        b["target_logits_t"].requires_grad_(True)
+        kwargs = {"ppo_clip": 0.1, "reduction": "sum", "entropy_cost": 0.0}
+        out = run_loss(b, reference, behavior_clip=bound, **kwargs)
+        out.total.backward()
+        grads.append(b["target_logits_t"].grad)
+        outs.append(out)
+    pi = vtrace.action_log_probs(batch["target_logits_t"], batch["actions"])
+    mu = vtrace.action_log_probs(batch["behavior_logits"], batch["actions"])
+    marked = behavior_trust(pi - mu, outs[1].pg_advantages, 0.3) == 0
+    marked &= batch["valid"]
+    assert marked.any() and (~marked & batch["valid"]).any()
+    assert torch.all(grads[1][marked] == 0) and torch.all(grads[0][marked].abs().sum(-1) > 0)
+    torch.testing.assert_close(grads[1][~marked], grads[0][~marked])
+    share = marked.sum() / batch["valid"].sum()
+    assert outs[1].behavior_clipped_fraction.item() == pytest.approx(share.item())
+    assert outs[0].behavior_clipped_fraction.item() == 0.0
