@@ -46,11 +46,13 @@ def lag_label(run: Run) -> str:
 
 def anchor_label(run: Run) -> str:
     """The clip's anchor: ``first_visit``, ``behavior`` or ``target/N`` (IMPACT's target
-    network, refreshed every N updates)."""
+    network, refreshed every N updates), with ``, mu±c`` where ``algo.behavior_clip=c`` also
+    bounds pi/mu."""
     reference = str(run.get("algo.ppo_reference", "?"))
     if reference == "target":
-        return f"target/{run.get('algo.target_interval', '?')}"
-    return reference
+        reference = f"target/{run.get('algo.target_interval', '?')}"
+    bound = run.get("algo.behavior_clip", None)
+    return reference if bound in (None, "?") else f"{reference}, mu±{bound}"
 
 
 def row(run: Run) -> dict:

@@ -66,6 +66,9 @@ def test_the_anchor_column_names_a_target_network_and_its_interval(tmp_path):
     hist = {"bins": [8], "counts": [1]}
     run = make_run(tmp_path, "T", 8, "none", [-20], hist, ppo_reference="target", target_interval=2)
     assert report.table([load_run(run)]).iloc[0]["anchor"] == "target/2"
+    bounded = make_run(tmp_path, "B", 8, "none", [-20], hist, ppo_reference="first_visit",
+                       behavior_clip=0.5)  # fmt: skip
+    assert report.table([load_run(bounded)]).iloc[0]["anchor"] == "first_visit, mu±0.5"
 
 
 def test_figure_draws_the_chosen_runs(tmp_path):
