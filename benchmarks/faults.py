@@ -17,23 +17,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import cli_command, median, steady_windows, write_result
-
-
-def actor_pids(parent: int) -> list[int]:
-    """Live actor processes of the run ``parent`` (spawned children, not the resource
-    tracker), from Linux's ``/proc``."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"spawn_main" in cmd:
-            pids.append(int(pid))
-    return sorted(pids)
+from impala_gpu.acting.children import actor_pids
 
 
 def run(seconds: float, kill_every: float, overrides: list[str]) -> dict:

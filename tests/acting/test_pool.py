@@ -21,23 +21,9 @@ from leakcheck import (
     shm_entries,
 )
 
+from impala_gpu.acting.children import actor_pids
+
 pytestmark = pytest.mark.slow
-
-
-def actor_pids(parent: int) -> list[int]:
-    """Live actor processes of a training run (spawned children, not the resource tracker)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"spawn_main" in cmd:
-            pids.append(int(pid))
-    return sorted(pids)
 
 
 def events(run_dir):
