@@ -202,6 +202,11 @@ def summarize(run_dir: str | Path, budget: float) -> GameRun:
     )
 
 
+def _md(text: str) -> str:
+    """``text`` for a Markdown table: Q*bert's asterisk escaped, so it cannot start emphasis."""
+    return text.replace("*", "\\*")
+
+
 def _clock(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -219,7 +224,7 @@ def report(runs: list[GameRun], budget: float) -> str:
     for g in ATARI5:
         r = by_game.get(g.key)
         if r is None:
-            lines.append(f"| {g.title} | `{g.env_id}` | – | – | – | – | – | – |")
+            lines.append(f"| {_md(g.title)} | `{g.env_id}` | – | – | – | – | – | – |")
             continue
         notes = []
         if r.frames < budget:
@@ -229,7 +234,7 @@ def report(runs: list[GameRun], budget: float) -> str:
         note = f" ({'; '.join(notes)})" if notes else ""
         device = "" if r.device in ("cpu", "?") else f"; learner on {r.device}"
         lines.append(
-            f"| {g.title} | `{g.env_id}` | {r.frames / 1e6:.2f}M | {r.score:.1f}{note} | "
+            f"| {_md(g.title)} | `{g.env_id}` | {r.frames / 1e6:.2f}M | {r.score:,.1f}{note} | "
             f"{r.hns:.1f}% | {r.frames_per_s:,.0f} | {_clock(r.elapsed_s)} | {r.cpu}{device} |"
         )
     lines.append("")
@@ -252,7 +257,7 @@ def report(runs: list[GameRun], budget: float) -> str:
     for g in ATARI5:
         if g.key in by_game:
             cells = [str(v).lower() for v in by_game[g.key].protocol.values()]
-            lines.append(f"| {g.title} | " + " | ".join(cells) + " |")
+            lines.append(f"| {_md(g.title)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -263,7 +268,7 @@ def _score_cell(game: Atari5Game, score: float | None) -> str:
 
 
 def _estimate_cell(scores: dict[str, float]) -> str:
-    missing = [g.title for g in ATARI5 if g.key not in scores]
+    missing = [_md(g.title) for g in ATARI5 if g.key not in scores]
     if missing:
         return f"– (no {', '.join(missing)})"
     return f"**{atari5_median_estimate(scores):.1f}%**"
@@ -278,7 +283,7 @@ def comparison(runs: list[GameRun], published: list[Published], budget: float) -
     for g in ATARI5:
         cells = [_score_cell(g, ours.get(g.key)) if g.key in ours else "–"]
         cells += [_score_cell(g, p.scores.get(g.key)) for p in published]
-        lines.append(f"| {g.title} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_md(g.title)} | " + " | ".join(cells) + " |")
     estimates = [_estimate_cell(ours), *(_estimate_cell(p.scores) for p in published)]
     lines.append("| **Atari-5 estimate** | " + " | ".join(estimates) + " |")
     lines.append("")
