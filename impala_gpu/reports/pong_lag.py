@@ -142,8 +142,9 @@ def figure(runs: list[Run], out: Path, target: float = 18.0) -> None:
 
 
 def matches(run: Run, only: list[str]) -> bool:
-    """Whether ``run``'s config holds every ``key=value`` of ``only``."""
-    return all(str(run.get(k, "?")) == v for k, v in (o.split("=", 1) for o in only))
+    """Whether ``run``'s config holds every ``key=value`` of ``only``; a key its config lacks
+    (one from before the key existed) reads ``None``, the value such a run had."""
+    return all(str(run.get(k, None)) == v for k, v in (o.split("=", 1) for o in only))
 
 
 def main() -> None:
