@@ -190,8 +190,9 @@ def test_learner_shards_validation_says_what_to_change() -> None:
 def test_cartpole_trains_with_two_shards(tmp_path) -> None:
     from leakcheck import read_events, run_cartpole_and_check_it_learns
 
-    run_dir = run_cartpole_and_check_it_learns(
-        tmp_path, "learner_shards=2", "algo.normalize_advantages=true"
-    )
+    # The CartPole recipe as it is: with normalised advantages it barely learns in 100K frames
+    # with one shard or two (16.8 on a clean-clone CI run, against the bar of 22). That the
+    # shards normalise over the whole minibatch is checked exactly above (sharded == unsharded).
+    run_dir = run_cartpole_and_check_it_learns(tmp_path, "learner_shards=2")
     started = next(e for e in read_events(run_dir) if e.get("event") == "start")
     assert started["learner_shards"] == 2
