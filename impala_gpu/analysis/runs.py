@@ -18,6 +18,8 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 LAG_HIST_FILE = "lag_hist.json"
 ERROR_FILE = "error.txt"
+EVENTS_FILE = "events.jsonl"
+MACHINE_FILE = "machine.json"  # {"cpu_model": ...}: the CPU of a run whose events lack it
 
 #: Per-run columns ``load_sweep`` derives from each run's config (the rest come from metrics).
 RUN_COLUMNS = (
@@ -163,6 +165,37 @@ def _get(config: dict[str, Any], dotted: str, default: Any) -> Any:
             return default
         node = node[key]
     return node
+
+
+def run_machine(run_dir: str | os.PathLike[str]) -> tuple[str, str]:
+    """(CPU, learner device) a run recorded: its ``events.jsonl`` start events' ``cpu_model``
+    (or ``cpu``) and ``device`` fields, else the CPU in its ``machine.json`` (for runs from
+    before the start event named it); "not recorded" when neither names the CPU. A run resumed
+    on another machine lists each, joined by " + "."""
+    run_dir = Path(run_dir)
+    cpus: list[str] = []
+    devices: list[str] = []
+    events = run_dir / EVENTS_FILE
+    if events.is_file():
+        for line in events.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if not isinstance(event, dict) or event.get("event") != "start":
+                continue
+            cpu = event.get("cpu_model") or event.get("cpu")
+            if cpu and cpu not in cpus:
+                cpus.append(str(cpu))
+            if event.get("device") and event["device"] not in devices:
+                devices.append(str(event["device"]))
+    stamp = run_dir / MACHINE_FILE
+    if not cpus and stamp.is_file():
+        info = json.loads(stamp.read_text())
+        cpu = info.get("cpu_model") or info.get("cpu")
+        if cpu:
+            cpus.append(str(cpu))
+    return (" + ".join(cpus) or "not recorded", " + ".join(devices) or "?")
 
 
 def find_runs(root: str | os.PathLike[str], *, include_failed: bool = False) -> list[Path]:

@@ -52,9 +52,8 @@ from impala_gpu.analysis.atari5 import (
     atari5_median_estimate,
     human_normalized,
 )
+from impala_gpu.analysis.runs import MACHINE_FILE, run_machine
 
-MACHINE_FILE = "machine.json"
-EVENTS_FILE = "events.jsonl"
 WINDOW = 100  # games in the logged mean return (telemetry/window.py)
 
 
@@ -130,35 +129,6 @@ def at_budget(df: pd.DataFrame, budget: float) -> pd.Series:
     return reached.iloc[0] if len(reached) else df.iloc[-1]
 
 
-def machine(run_dir: Path) -> tuple[str, str]:
-    """(CPU, learner device) the run recorded: the start events' ``cpu_model``/``cpu`` fields,
-    else ``machine.json``; "not recorded" when neither names the CPU. A run resumed on another
-    machine lists each."""
-    cpus: list[str] = []
-    devices: list[str] = []
-    events = run_dir / EVENTS_FILE
-    if events.is_file():
-        for line in events.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if not isinstance(event, dict) or event.get("event") != "start":
-                continue
-            cpu = event.get("cpu_model") or event.get("cpu")
-            if cpu and cpu not in cpus:
-                cpus.append(str(cpu))
-            if event.get("device") and event["device"] not in devices:
-                devices.append(str(event["device"]))
-    stamp = run_dir / MACHINE_FILE
-    if not cpus and stamp.is_file():
-        info = json.loads(stamp.read_text())
-        cpu = info.get("cpu_model") or info.get("cpu")
-        if cpu:
-            cpus.append(str(cpu))
-    return (" + ".join(cpus) or "not recorded", " + ".join(devices) or "?")
-
-
 def protocol(config: dict[str, Any]) -> dict[str, Any]:
     """The env settings that decide how a score compares with published ones."""
     env = config.get("env", {})
@@ -187,7 +157,7 @@ def summarize(run_dir: str | Path, budget: float) -> GameRun:
     row = at_budget(scored, budget)
     episodes = row.get("episodes", math.nan)
     games = WINDOW if pd.isna(episodes) else int(min(episodes, WINDOW))
-    cpu, device = machine(Path(run_dir))
+    cpu, device = run_machine(run_dir)
     return GameRun(
         game=game,
         path=Path(run_dir),

@@ -5,7 +5,8 @@
 
 One row per run: the exact lag (``bounded_lag``; ``free, N actors`` when none was imposed,
 with the mean lag its histogram measured), the correction, the batch and learning rate, the
-clip's anchor and the policy gradient's rho-bar, the seed, the frames at which the mean return
+clip's anchor and the policy gradient's rho-bar, any other setting it changed
+(``OTHER_SETTINGS``), the seed and the CPU it ran on, the frames at which the mean return
 (last 100 games) first reached each threshold, or the return where the run ended, and three
 health signals over the run: the median policy entropy, logit spread and mean |log rho| of its
 log windows. The figure draws return against frames, one panel per correction and one colour
@@ -23,10 +24,20 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from impala_gpu.analysis import load_run
-from impala_gpu.analysis.runs import Run
+from impala_gpu.analysis.runs import Run, run_machine
 from impala_gpu.analysis.summaries import frames_to_threshold
 
 THRESHOLDS = (-15.0, 0.0, 10.0, 18.0)
+
+# Settings a run may change that have no column of their own, with the Atari recipe's value
+# (conf/recipe/atari.yaml); the `other` column names those a run changed.
+OTHER_SETTINGS = {
+    "algo.adam_beta1": 0.9,
+    "algo.ppo_clip": 0.1,
+    "algo.entropy_cost": 0.01,
+    "algo.minibatches": 4,
+    "algo.vtrace_lambda": 0.95,
+}
 
 
 def mean_lag(run: Run) -> float:
@@ -55,6 +66,27 @@ def anchor_label(run: Run) -> str:
     return reference if bound in (None, "?") else f"{reference}, mu±{bound}"
 
 
+def other_label(run: Run) -> str:
+    """The ``OTHER_SETTINGS`` the run changed, as ``key=value`` (``algo.`` dropped), or ``-``."""
+    changed = [
+        f"{key.removeprefix('algo.')}={run.get(key)}"
+        for key, recipe in OTHER_SETTINGS.items()
+        if run.get(key, recipe) != recipe
+    ]
+    return ", ".join(changed) or "-"
+
+
+def cpu_label(cpu: str) -> str:
+    """A short name for ``run_machine``'s CPU: ``AMD EPYC (family 25 model 17; avx2 ...)`` ->
+    ``AMD EPYC 25/17``; ``Intel(R) Xeon(R) Processor (family 6 model 167; ...)`` ->
+    ``Intel Xeon 6/167``. The full string is in the run's events."""
+    name, _, rest = cpu.partition("(family ")
+    name = name.replace("(R)", "").replace("Processor", "").split()
+    family, _, model = rest.partition(" model ")
+    model = model.split(";")[0].split(")")[0]
+    return " ".join(name) + (f" {family}/{model}" if family and model else "")
+
+
 def row(run: Run) -> dict:
     m = run.metrics
     out = {
@@ -66,7 +98,9 @@ def row(run: Run) -> dict:
         "epochs": run.get("algo.epochs", "?"),
         "anchor": anchor_label(run),
         "pg rho-bar": run.get("algo.clip_pg_rho_threshold", "?"),
+        "other": other_label(run),
         "seed": run.seed,
+        "cpu": cpu_label(run_machine(run.path)[0]),
     }
     for t in THRESHOLDS:
         out[f"to {t:g}"] = frames_to_threshold(m, t)
@@ -91,7 +125,8 @@ def _lag_key(r: dict) -> float:
 
 
 def markdown(df: pd.DataFrame) -> str:
-    spec = ["run", "lag", "correction", "batch", "lr", "epochs", "anchor", "pg rho-bar", "seed"]
+    spec = ["run", "lag", "correction", "batch", "lr", "epochs", "anchor", "pg rho-bar", "other"]
+    spec += ["seed", "cpu"]
     head = spec + [f"to {t:g}" for t in THRESHOLDS] + ["end", "entropy", "spread", "abs log rho"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in df.iterrows():

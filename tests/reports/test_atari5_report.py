@@ -12,6 +12,7 @@ import pandas as pd
 import yaml
 
 from impala_gpu.analysis.atari5 import ATARI5, atari5_median_estimate, human_normalized
+from impala_gpu.analysis.runs import run_machine
 from impala_gpu.reports import atari5 as report
 
 FINAL = {  # a made-up final score per game, the mean of its last 100 games
@@ -146,10 +147,10 @@ def test_stamp_writes_this_machines_cpu_once(tmp_path: Path) -> None:
     run = make_run(tmp_path, "ALE/Qbert-v5", curve(10.0, [0, 1e6]))
     assert report.main(["--stamp", str(run)]) == 0
     first = json.loads((run / "machine.json").read_text())["cpu_model"]
-    assert first and report.machine(run)[0] == first
+    assert first and run_machine(run)[0] == first
     (run / "machine.json").write_text(json.dumps({"cpu_model": "kept"}))
     report.main(["--stamp", str(run)])
-    assert report.machine(run)[0] == "kept"
+    assert run_machine(run)[0] == "kept"
     assert not math.isnan(report.summarize(run, 1e6).frames_per_s)
 
 

@@ -59,7 +59,30 @@ def test_table_rows_thresholds_and_free_running_lag(tmp_path):
     assert f4["lag"] == "free, 4 actors (3.5)"  # (1*2 + 3*4) / 4
     assert math.isnan(f4["to 0"]) and f4["end"] == "-14.0 at 1.00M"
     text = report.markdown(df)
-    assert "| K8 | 8 | none | 16 | 0.00025 | 2 | first_visit | 1.0 | 1 | 1.00M | 1.50M |" in text
+    row = "| K8 | 8 | none | 16 | 0.00025 | 2 | first_visit | 1.0 | - | 1 | not recorded | 1.00M |"
+    assert row in text
+
+
+def test_the_other_column_names_only_the_settings_a_run_changed(tmp_path):
+    hist = {"bins": [8], "counts": [1]}
+    recipe = make_run(tmp_path, "R", 8, "none", [-20], hist, adam_beta1=0.9, ppo_clip=0.1)
+    changed = make_run(tmp_path, "C", 8, "none", [-20], hist, adam_beta1=0.0, ppo_clip=0.2)
+    rows = report.table([load_run(recipe), load_run(changed)]).set_index("run")
+    assert rows.loc["R", "other"] == "-"
+    assert rows.loc["C", "other"] == "adam_beta1=0.0, ppo_clip=0.2"
+
+
+def test_the_cpu_column_reads_the_start_event_else_machine_json(tmp_path):
+    hist = {"bins": [8], "counts": [1]}
+    logged = make_run(tmp_path, "L", 8, "none", [-20], hist)
+    start = {"event": "start", "cpu_model": "Intel(R) Xeon(R) Processor (family 6 model 167; avx2)"}
+    (logged / "events.jsonl").write_text(json.dumps(start) + "\n")
+    stamped = make_run(tmp_path, "S", 8, "none", [-20], hist)
+    stamp = {"cpu_model": "AMD EPYC (family 25 model 17)"}
+    (stamped / "machine.json").write_text(json.dumps(stamp))
+    rows = report.table([load_run(logged), load_run(stamped)]).set_index("run")
+    assert rows.loc["L", "cpu"] == "Intel Xeon 6/167"
+    assert rows.loc["S", "cpu"] == "AMD EPYC 25/17"
 
 
 def test_the_anchor_column_names_a_target_network_and_its_interval(tmp_path):
