@@ -46,7 +46,7 @@ from benchmarks.learner_step import compose_config
 from benchmarks.throughput import KEYS
 from impala_gpu.channels.params import ParamStore
 from impala_gpu.channels.ring import SlotManager, TrajectoryRing, ring_spec
-from impala_gpu.config import Config, EnvCfg
+from impala_gpu.config import Config, EnvCfg, steps_per_update
 from impala_gpu.envs import env_spec
 from impala_gpu.learning.batcher import Batcher
 from impala_gpu.learning.learner import build_learner
@@ -256,7 +256,7 @@ def learner_alone(args, device, precision: str) -> dict[str, float]:
         traceback.print_exc()
         r |= {"kernel_s_per_update": float("nan"), "kernel_error": f"{type(e).__name__}: {e}"}
     r["gpu_kernel_frac"] = r["kernel_s_per_update"] * r["updates_per_s"]
-    r["agent_steps_per_s"] = r["updates_per_s"] * cfg.batch_size * cfg.unroll_length
+    r["agent_steps_per_s"] = r["updates_per_s"] * steps_per_update(cfg)
     r["frames_per_s"] = r["agent_steps_per_s"] * spec.frames_per_step
     if cuda:
         r["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
