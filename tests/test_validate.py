@@ -149,11 +149,11 @@ def test_the_counted_bytes_are_what_the_ring_and_parameter_store_allocate():
 
 
 def test_a_ring_larger_than_dev_shm_is_a_config_error_with_both_sizes(shm_free):
-    cfg = cartpole()  # free-running auto ring: 2 batches + 1 unroll per env = 24 slots
-    need = need_of(cfg, 24)
+    cfg = cartpole()  # auto ring: 2 batches + 2 unrolls per env = 32 slots
+    need = need_of(cfg, 32)
     shm_free(need.total - 1)
     msg = message(cfg)
-    assert msg.startswith("num_slots=0 (auto: 24) x unroll_length=20 (num_actors=2 x ")
+    assert msg.startswith("num_slots=0 (auto: 32) x unroll_length=20 (num_actors=2 x ")
     assert "envs_per_actor=4, batch_size=8)" in msg
     assert f"needs {resources.size_text(need.ring_bytes)} of shared memory" in msg
     assert f"/dev/shm has {resources.size_text(need.total - 1)} free" in msg
@@ -174,11 +174,11 @@ def test_the_fix_names_the_most_slots_that_fit(shm_free):
 
 def test_the_check_before_auto_counts_auto_at_its_least(shm_free):
     cfg = cartpole(num_actors="auto", envs_per_actor="auto", precision="auto")
-    least = need_of(cfg, 2 * 8 + 1)  # 2 batches + 1 unroll of 1 actor x 1 env
+    least = need_of(cfg, 2 * 8 + 2)  # 2 batches + 2 unrolls of 1 actor x 1 env
     shm_free(least.total)
     validate_config(cfg, allow_auto=True)
     shm_free(least.total - 1)
-    assert "num_slots=0 (auto: 17)" in message(cfg, allow_auto=True)
+    assert "num_slots=0 (auto: 18)" in message(cfg, allow_auto=True)
 
 
 def test_the_cli_stops_on_a_full_dev_shm_before_any_run_dir(tmp_path):

@@ -81,18 +81,10 @@ def resolve_num_slots(cfg: Config) -> int:
     ``min_num_slots``; a resolved config has none)."""
     if cfg.num_slots:
         return cfg.num_slots
-    envs = _count(cfg.num_actors) * _count(cfg.envs_per_actor)
     lag = resolve_bounded_lag(cfg)
-    if lag is None:
-        # Free-running, a learner slower than its actors keeps the ring full, and every full
-        # slot is one more unroll of lag that buys no frames/s: room for one unroll per env
-        # and two batches (the one being taken and one of slack) keeps the lag near its least,
-        # E*N/B updates (4 actors of 16 envs at B = 16: 2B + 2EN slots held them 8-12 updates
-        # behind).
-        return 2 * cfg.batch_size + envs
-    # Room for every env to run one unroll ahead while the K batches it may act for are
-    # assembled.
-    return (lag + 2) * cfg.batch_size + 2 * envs
+    ahead = (lag + 2) if lag is not None else 2
+    # Room for every env to run one unroll ahead while batches are assembled.
+    return ahead * cfg.batch_size + 2 * _count(cfg.num_actors) * _count(cfg.envs_per_actor)
 
 
 def least_bounded_lag(cfg: Config) -> int:

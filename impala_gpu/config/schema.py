@@ -160,7 +160,7 @@ class Config:
     envs_per_actor: Any = "auto"  # envs each actor steps as one batch (int); auto: 32 in all
     unroll_length: int = 20  # T: transitions per trajectory (slots hold T+1 observations)
     batch_size: int = 32  # B: trajectories per learner update
-    num_slots: int = 0  # trajectory ring slots; 0 = auto (config.resolve_num_slots)
+    num_slots: int = 0  # trajectory ring slots; 0 = auto (room for every env plus 2 batches)
     device: str = "auto"  # auto (cuda when present) | cpu | cuda | cuda:N
     seed: int = 0  # run seed; actors and envs derive their own seeds from it
     publish_interval: int = 1  # publish learner weights to actors every N updates

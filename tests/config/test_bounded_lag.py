@@ -13,7 +13,6 @@ from impala_gpu.config import (
     Config,
     ConfigError,
     least_bounded_lag,
-    min_num_slots,
     resolve_bounded_lag,
     resolve_num_slots,
 )
@@ -83,15 +82,3 @@ def test_a_bad_bounded_lag_names_the_fix(bad):
 def test_an_unresolved_auto_lag_does_not_reach_the_runtime():
     with pytest.raises(ConfigError, match="bounded_lag=auto reached the runtime"):
         require_resolved(Config(precision="fp32", num_actors=1, envs_per_actor=1, bounded_lag=AUTO))
-
-
-def test_the_free_running_ring_holds_one_unroll_per_env_and_two_batches():
-    """Free-running, a full ring is lag: 4 actors of 16 envs at B = 16 get 2*16 + 64 slots
-    (at most 6 batches queued or in writing), not the 2B + 2EN = 160 that held them 8-12
-    updates behind. A bounded lag keeps room for every env to run one unroll ahead."""
-    free = Config(num_actors=4, envs_per_actor=16, batch_size=16, bounded_lag=None)
-    assert resolve_num_slots(free) == 2 * 16 + 4 * 16
-    assert resolve_num_slots(free) >= min_num_slots(free)
-    bounded = dataclasses.replace(free, bounded_lag=4)
-    assert resolve_num_slots(bounded) == (4 + 2) * 16 + 2 * 4 * 16
-    assert resolve_num_slots(dataclasses.replace(free, num_slots=500)) == 500
